@@ -1,0 +1,144 @@
+"""Load a run config: YAML presets composed with `_base_`, dotted overrides, typed and validated.
+
+A preset is a YAML file whose optional `_base_` list names other presets (paths relative to
+`configs/`, or to the file itself); they are merged in order, then the file, then the overrides.
+Every error a user can cause ends in one `ConfigError` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from swe_megatron.config.schema import RunConfig
+from swe_megatron.config.validate import validate
+
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+"""The presets shipped with the repository."""
+
+
+class ConfigError(ValueError):
+    """A config the user wrote is wrong; the message names the key and the fix."""
+
+
+def find_preset(name: str) -> Path:
+    """Resolve CONFIG as given on the command line: a YAML path, or a preset name under configs/."""
+    candidates = [Path(name)]
+    if not name.endswith((".yaml", ".yml")):
+        candidates.append(Path(name + ".yaml"))
+    for base in (Path.cwd() / "configs", CONFIGS_DIR):
+        candidates += [base / name, base / (name + ".yaml")]
+    for path in candidates:
+        if path.is_file():
+            return path.resolve()
+    presets = sorted(str(p.relative_to(CONFIGS_DIR))[: -len(".yaml")] for p in CONFIGS_DIR.rglob("*.yaml"))
+    raise ConfigError(f"config {name!r} not found: give a YAML path or one of the presets: {', '.join(presets)}")
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+    if path in chain:
+        raise ConfigError(f"{path}: _base_ cycle: {' -> '.join(str(p) for p in (*chain, path))}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a preset must be a YAML mapping, got {type(data).__name__}")
+    bases = data.pop("_base_", [])
+    if isinstance(bases, str):
+        bases = [bases]
+    merged = OmegaConf.create()
+    for base in bases:
+        local = path.parent / base
+        base_path = local if local.is_file() else CONFIGS_DIR / base
+        if not base_path.is_file():
+            raise ConfigError(f"{path}: _base_ entry {base!r} not found (looked at {local} and {CONFIGS_DIR / base})")
+        merged = OmegaConf.merge(merged, _read_yaml(base_path, (*chain, path)))
+    return OmegaConf.merge(merged, OmegaConf.create(data))
+
+
+def _field_info(full_key: str) -> tuple[str, list[str]]:
+    """The expected type of a dotted key, and the names allowed at its level (for messages)."""
+    cls: Any = RunConfig
+    expected = "?"
+    parts = [p for p in full_key.replace("[", ".").replace("]", "").split(".") if p]
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(cls):
+            break
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return "unknown", sorted(hints)
+        tp = hints[part]
+        if i == len(parts) - 1:
+            expected = _type_name(tp)
+        cls = tp
+    return expected, []
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(m.value for m in tp)
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args:
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if typing.get_origin(tp) is list:
+        return f"a list of {_type_name(args[0])}"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _explain(e: OmegaConfBaseException, where: str) -> ConfigError:
+    key = getattr(e, "full_key", None) or ""
+    expected, allowed = _field_info(key)
+    if expected == "unknown":
+        msg = f"unknown config key {key!r}; allowed at this level: {', '.join(allowed)}"
+    else:
+        value = getattr(e, "value", None)
+        got = f" (got {value!r})" if value is not None else ""
+        msg = f"config key {key!r} has an invalid value{got}; expected {expected}"
+    return ConfigError(f"{where}: {msg}")
+
+
+def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose a preset with `key=value` overrides into a typed, validated, read-only RunConfig."""
+    path = find_preset(config)
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        cfg = OmegaConf.merge(schema, _read_yaml(path, ()))
+    except OmegaConfBaseException as e:
+        raise _explain(e, str(path)) from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. stage1.t_max=20)")
+        key, _, raw = item.partition("=")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+            OmegaConf.update(cfg, key.strip(), value, merge=True, force_add=False)
+        except yaml.YAMLError:
+            raise ConfigError(f"override {item!r}: value is not valid YAML") from None
+        except OmegaConfBaseException as e:
+            raise _explain(e, f"override {item!r}") from None
+        except AttributeError:  # OmegaConf raises this for a path through a non-mapping
+            raise ConfigError(f"override {item!r}: {key!r} does not name a config field") from None
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{path}: cannot resolve interpolation at {getattr(e, 'full_key', '?')}: {e.msg}") from None
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError(f"{path}: " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    """The fully resolved config as YAML (what show-config prints and the run directory stores)."""
+    return OmegaConf.to_yaml(cfg, resolve=True)

