@@ -47,8 +47,16 @@ def _sbatch_wait(tmp_path: Path, script: str, *args: str) -> tuple[int, str]:
     """Submit `script` with `sbatch --wait`; return (sbatch exit code, job id)."""
     path = tmp_path / "job.sh"
     path.write_text("#!/bin/bash\n" + script)
-    cmd = ["sbatch", "--wait", "--parsable", f"--partition={PARTITION}", "--time=5",
-           f"--output={tmp_path}/slurm-%j.out", *args, str(path)]
+    cmd = [
+        "sbatch",
+        "--wait",
+        "--parsable",
+        f"--partition={PARTITION}",
+        "--time=5",
+        f"--output={tmp_path}/slurm-%j.out",
+        *args,
+        str(path),
+    ]
     try:
         proc = _run(cmd, timeout=JOB_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -96,13 +104,17 @@ def test_failing_job_is_failed_in_sacct(tmp_path: Path) -> None:
 def test_gpu_gres_job_is_scheduled(tmp_path: Path) -> None:
     gres = _run(["sinfo", "-h", "-p", PARTITION, "-o", "%G"]).stdout
     if "gpu" not in gres:
-        pytest.skip(f"partition {PARTITION} has no gpu gres ({gres.strip()!r}); "
-                    "run tools/slurm_up.sh with SWE_MEGATRON_SLURM_FAKE_GPUS>0")
+        pytest.skip(
+            f"partition {PARTITION} has no gpu gres ({gres.strip()!r}); "
+            "run tools/slurm_up.sh with SWE_MEGATRON_SLURM_FAKE_GPUS>0"
+        )
     out = tmp_path / "cuda.txt"
     rc, job_id = _sbatch_wait(tmp_path, f'echo "$CUDA_VISIBLE_DEVICES" > {out}\n', "--gres=gpu:1")
     assert rc == 0
     assert out.read_text().strip() in {"0", "1"}  # Slurm hands the job exactly one (fake) GPU
     assert _sacct_state(job_id, "COMPLETED")[0] == "COMPLETED"
+    tres = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "AllocTRES"]).stdout
+    assert "gres/gpu=1" in tres, f"accounting did not record one GPU: {tres!r}"
 
 
 # ---------------------------------------------------------------- submitit

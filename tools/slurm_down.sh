@@ -21,19 +21,15 @@ die() { echo "slurm_down: ERROR: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "must run as root (the daemons run as root); rerun with sudo"
 [[ -d $pids ]] || { log "nothing to stop (no $pids)"; exit 0; }
 
-bin_of() {
-  local b
-  case $1 in mysqld) b=mariadbd ;; *) b=$1 ;; esac
-  b=$(command -v "$b") || return 1
-  readlink -f "$b"
-}
-pid_of() { # name -> PID if our daemon is alive (its /proc/PID/exe is the daemon's binary)
-  local f=$pids/$1.pid pid exe bin
+comm_of() { case $1 in mysqld) echo mariadbd ;; *) echo "$1" ;; esac; }
+pid_of() { # name -> PID while our daemon is alive: /proc/PID/comm is its name and it is no zombie
+  local f=$pids/$1.pid pid stat
   [[ -s $f ]] || return 1
   pid=$(<"$f")
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  bin=$(bin_of "$1") || return 1
-  [[ ${exe% (deleted)} == "$bin" ]] || return 1
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$(comm_of "$1")" ]] || return 1
+  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat%% *} != Z ]] || return 1
   echo "$pid"
 }
 

@@ -72,20 +72,22 @@ chmod 755 "$state"
 # ---------------------------------------------------------------------------------------------
 # Daemon bookkeeping: our daemons run in the foreground under setsid; $! is the daemon's PID
 # (a background job of a non-interactive shell is no process-group leader, so setsid does not fork).
-# A PID counts as ours only while /proc/PID/exe is the daemon's binary (guards against PID reuse).
+# A PID counts as ours while /proc/PID/comm is the daemon's name and it is no zombie (guards against
+# PID reuse; comm, unlike /proc/PID/exe, stays readable while a daemon is shutting down).
 # ---------------------------------------------------------------------------------------------
-bin_of() { # name -> binary path
-  case $1 in
-    mysqld) readlink -f "$(command -v mariadbd)" ;;
-    *) readlink -f "$(command -v "$1")" ;;
-  esac
+comm_of() { case $1 in mysqld) echo mariadbd ;; *) echo "$1" ;; esac; }
+running() { # pid comm -> is that process alive (not a zombie) with that name
+  local stat
+  [[ $(cat "/proc/$1/comm" 2>/dev/null) == "$2" ]] || return 1
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat%% *} != Z ]]
 }
 pid_of() { # name -> PID if our daemon is alive, else nothing (status 1)
-  local f=$pids/$1.pid pid exe
+  local f=$pids/$1.pid pid
   [[ -s $f ]] || return 1
   pid=$(<"$f")
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  [[ ${exe% (deleted)} == "$(bin_of "$1")" ]] || return 1
+  running "$pid" "$(comm_of "$1")" || return 1
   echo "$pid"
 }
 alive() { pid_of "$1" >/dev/null; }
@@ -106,21 +108,22 @@ stop_daemon() {
   log "stopped $name (pid $pid)"
 }
 foreign_check() { # refuse to start a second copy next to one we did not start
-  local name=$1 proc=$2 others
-  others=$(pgrep -x "$proc" || true)
+  local name=$1 proc=$2 others="" p
+  for p in $(pgrep -x "$proc" || true); do running "$p" "$proc" && others+=" $p"; done
   [[ -n $others ]] || return 0
-  die "$proc is already running (pid $(echo $others)) but was not started by slurm_up.sh (no matching $pids/$1.pid). Stop it (kill $(echo $others)) and rerun."
+  die "$proc is already running (pid${others}) but was not started by slurm_up.sh (no matching $pids/$1.pid). Stop it (kill${others}) and rerun."
 }
 tail_log() {
   local f
   for f in "$@"; do [[ -s $f ]] && { echo "--- last lines of $f:" >&2; tail -n 15 "$f" >&2; }; done
   return 0
 }
-wait_for() { # seconds what cmd... : poll cmd every 0.2 s until it succeeds
-  local secs=$1 what=$2 i
+wait_for() { # seconds daemon cmd... : poll cmd every 0.2 s until it succeeds; fail early if daemon died
+  local secs=$1 daemon=$2 i
   shift 2
   for ((i = 0; i < secs * 5; i++)); do
     "$@" >/dev/null 2>&1 && return 0
+    ((i < 5)) || alive "$daemon" || { log "$daemon exited during startup"; return 1; }
     sleep 0.2
   done
   return 1
@@ -143,6 +146,8 @@ write_if_changed() { # path mode content
 }
 
 host=$(hostname -s)
+getent hosts "$host" >/dev/null \
+  || die "hostname '$host' does not resolve (slurmctld and slurmd need it); add a line '127.0.1.1 $host' to /etc/hosts"
 # slurmd -C prints e.g. "NodeName=vm CPUs=2 Boards=1 ... RealMemory=23990" (+ an UpTime line).
 node_hw=$(slurmd -C 2>/dev/null | head -n 1)
 [[ $node_hw == NodeName=* ]] || die "slurmd -C did not describe this machine (got: '$node_hw'); check the slurmd install"
@@ -150,7 +155,7 @@ real_mem=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$node_hw")
 cpus=$(sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' <<<"$node_hw")
 # Declare 2% less memory than seen, so a slightly smaller reading after a reboot does not drain the node.
 mem=$((real_mem - real_mem / 50))
-node_hw=$(sed "s/RealMemory=[0-9]*/RealMemory=$mem/" <<<"$node_hw")
+node_hw=${node_hw/RealMemory=$real_mem/RealMemory=$mem}
 def_mem=$((mem / cpus))
 
 gres_node="" gres_types=""
@@ -165,7 +170,7 @@ if ((fake_gpus > 0)); then
     fi
   done
   gres_node=" Gres=gpu:$fake_gpus"
-  gres_types="GresTypes=gpu"
+  gres_types=$'GresTypes=gpu\nAccountingStorageTRES=gres/gpu' # sacct then shows AllocTRES gres/gpu=N
   gres_conf+=$'\n'"NodeName=$host Name=gpu File=/dev/fake_nvidia[0-$((fake_gpus - 1))]"
 fi
 
@@ -251,7 +256,7 @@ if ! alive munged; then
   rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock
   start_daemon munged setpriv --reuid=munge --regid=munge --init-groups -- "$(command -v munged)" --foreground
   started=1
-  wait_for 10 munge munge_ok || { tail_log "$logs/munged.out" /var/log/munge/munged.log; die "munged did not answer within 10 s (munge -n | unmunge)"; }
+  wait_for 10 munged munge_ok || { tail_log "$logs/munged.out" /var/log/munge/munged.log; die "munged did not answer within 10 s (munge -n | unmunge)"; }
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +326,7 @@ node_ready() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
 resumed=0
 for ((i = 0; i < 150; i++)); do
   node_ready && break
+  ((i < 5)) || alive slurmd || break
   st=$(node_state)
   # A node left down/drained by an earlier run (e.g. "Not responding") is brought back once.
   if ((!resumed && i >= 15)) && [[ $st =~ ^(down|drain|drained|draining) ]]; then
@@ -333,7 +339,7 @@ node_ready || {
   tail_log "$logs/slurmd.out" "$logs/slurmd.log" "$logs/slurmctld.log"
   die "node $host is '$(node_state)' (want idle) after 30 s; reason: $(sinfo -h -n "$host" -o %E 2>/dev/null)"
 }
-wait_for 30 sacct sacct -n -X -S now-1minutes -o JobID || die "sacct does not answer (accounting broken); see $logs/slurmdbd.log and $logs/slurmctld.log"
+wait_for 30 slurmdbd sacct -n -X -S now-1minutes -o JobID || die "sacct does not answer (accounting broken); see $logs/slurmdbd.log and $logs/slurmctld.log"
 
 elapsed=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')
 if ((started)); then

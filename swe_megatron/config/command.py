@@ -15,6 +15,8 @@ def _show_config(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the show-config subcommand."""
     p = sub.add_parser("show-config", help="print the fully resolved config (presets + overrides, validated)")
-    p.add_argument("config", metavar="CONFIG", help="a preset under configs/ (e.g. embedded, paper-72b) or a YAML path")
+    p.add_argument(
+        "config", metavar="CONFIG", help="a preset under configs/ (e.g. embedded, paper-72b) or a YAML path"
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. stage1.t_max=20")
     p.set_defaults(func=_show_config)

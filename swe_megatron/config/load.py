@@ -38,8 +38,11 @@ def find_preset(name: str) -> Path:
     for path in candidates:
         if path.is_file():
             return path.resolve()
-    presets = sorted(str(p.relative_to(CONFIGS_DIR))[: -len(".yaml")] for p in CONFIGS_DIR.rglob("*.yaml"))
-    raise ConfigError(f"config {name!r} not found: give a YAML path or one of the presets: {', '.join(presets)}")
+    presets = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+    raise ConfigError(
+        f"config {name!r} not found: give a YAML path or one of the run presets: {', '.join(presets)} "
+        f"(model/, stage/ and cluster/ under {CONFIGS_DIR} hold fragments to compose with _base_)"
+    )
 
 
 def _read_yaml(path: Path, chain: tuple[Path, ...]) -> DictConfig:
@@ -59,7 +62,9 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> DictConfig:
         local = path.parent / base
         base_path = local if local.is_file() else CONFIGS_DIR / base
         if not base_path.is_file():
-            raise ConfigError(f"{path}: _base_ entry {base!r} not found (looked at {local} and {CONFIGS_DIR / base})")
+            raise ConfigError(
+                f"{path}: _base_ entry {base!r} not found (looked at {local} and {CONFIGS_DIR / base})"
+            )
         merged = OmegaConf.merge(merged, _read_yaml(base_path, (*chain, path)))
     return OmegaConf.merge(merged, OmegaConf.create(data))
 
@@ -131,10 +136,14 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Dic
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"{path}: cannot resolve interpolation at {getattr(e, 'full_key', '?')}: {e.msg}") from None
+        raise ConfigError(
+            f"{path}: cannot resolve interpolation at {getattr(e, 'full_key', '?')}: {e.msg}"
+        ) from None
     problems = validate(cfg)
     if problems:
-        raise ConfigError(f"{path}: " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        raise ConfigError(
+            f"{path}: " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

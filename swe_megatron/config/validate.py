@@ -31,11 +31,20 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
         out.append(f"{name}.t_max={st.t_max} is invalid; allowed: an integer >= 1 turns")
     if not 0 <= st.l_thr < st.t_max:
         out.append(f"{name}.l_thr={st.l_thr} is invalid; allowed: 0 <= l_thr < t_max ({st.t_max})")
-    for key in ("iterations", "tasks_per_iteration", "samples_per_task", "batch_size", "epochs", "max_kept_per_task"):
+    for key in (
+        "iterations",
+        "tasks_per_iteration",
+        "samples_per_task",
+        "batch_size",
+        "epochs",
+        "max_kept_per_task",
+    ):
         if st[key] < 1:
             out.append(f"{name}.{key}={st[key]} is invalid; allowed: an integer >= 1")
     if st.kind == StageKind.dapo and st.samples_per_task < 2:
-        out.append(f"{name}.samples_per_task={st.samples_per_task} is invalid for DAPO; allowed: >= 2 (group advantages)")
+        out.append(
+            f"{name}.samples_per_task={st.samples_per_task} is invalid for DAPO; allowed: >= 2 (group advantages)"
+        )
     if st.min_optimizer_steps < 1 or 0 < st.max_optimizer_steps < st.min_optimizer_steps:
         out.append(
             f"{name}.min_optimizer_steps={st.min_optimizer_steps} / max_optimizer_steps={st.max_optimizer_steps} "
@@ -48,12 +57,18 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
             "(max_position_embeddings x rope_scaling.factor; set model.rope_scaling for longer context)"
         )
     if not 0 < st.refresh_max_solve_rate <= 1:
-        out.append(f"{name}.refresh_max_solve_rate={st.refresh_max_solve_rate} is invalid; allowed: 0 < rate <= 1")
+        out.append(
+            f"{name}.refresh_max_solve_rate={st.refresh_max_solve_rate} is invalid; allowed: 0 < rate <= 1"
+        )
     o = st.optim
     if not o.lr > 0 or o.min_lr < 0 or o.min_lr > o.lr:
-        out.append(f"{name}.optim.lr={o.lr} / min_lr={o.min_lr} are invalid; allowed: lr > 0 and 0 <= min_lr <= lr")
+        out.append(
+            f"{name}.optim.lr={o.lr} / min_lr={o.min_lr} are invalid; allowed: lr > 0 and 0 <= min_lr <= lr"
+        )
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-        out.append(f"{name}.optim.betas={list(o.betas)} is invalid; allowed: two values in [0, 1), e.g. [0.9, 0.999]")
+        out.append(
+            f"{name}.optim.betas={list(o.betas)} is invalid; allowed: two values in [0, 1), e.g. [0.9, 0.999]"
+        )
     if o.eps <= 0 or o.weight_decay < 0 or o.grad_clip < 0 or o.warmup_steps < 0:
         out.append(f"{name}.optim: eps must be > 0 and weight_decay, grad_clip, warmup_steps >= 0")
     return out
@@ -66,7 +81,9 @@ def validate(cfg: Any) -> list[str]:
         if entry not in SCHEDULE_NAMES:
             out.append(f"schedule entry {entry!r} is invalid; allowed: {', '.join(SCHEDULE_NAMES)}")
     if len(set(cfg.schedule)) != len(cfg.schedule):
-        out.append(f"schedule={list(cfg.schedule)} repeats a stage; allowed: each of {', '.join(SCHEDULE_NAMES)} once")
+        out.append(
+            f"schedule={list(cfg.schedule)} repeats a stage; allowed: each of {', '.join(SCHEDULE_NAMES)} once"
+        )
     m = cfg.model
     if m.architecture not in ("qwen2", "llama"):
         out.append(f"model.architecture={m.architecture!r} is invalid; allowed: qwen2, llama")
@@ -76,7 +93,9 @@ def validate(cfg: Any) -> list[str]:
             f"and that by num_key_value_heads ({m.num_key_value_heads})"
         )
     if m.rope_scaling.type not in ROPE_SCALING_TYPES:
-        out.append(f"model.rope_scaling.type={m.rope_scaling.type!r} is invalid; allowed: null, yarn, linear, dynamic")
+        out.append(
+            f"model.rope_scaling.type={m.rope_scaling.type!r} is invalid; allowed: null, yarn, linear, dynamic"
+        )
     if m.params_dtype not in ("float32", "bfloat16", "float16"):
         out.append(f"model.params_dtype={m.params_dtype!r} is invalid; allowed: float32, bfloat16, float16")
     rl_stages = [n for n in STAGE_NAMES if n in cfg.schedule and cfg[n].kind == StageKind.dapo]
@@ -97,8 +116,12 @@ def validate(cfg: Any) -> list[str]:
             "allowed: adv_eps >= 0, oversample_factor >= 1.0"
         )
     p = cfg.parallel
-    degrees = {"tensor_parallel": p.tensor_parallel, "pipeline_parallel": p.pipeline_parallel,
-               "context_parallel": p.context_parallel, "world_size": p.world_size}
+    degrees = {
+        "tensor_parallel": p.tensor_parallel,
+        "pipeline_parallel": p.pipeline_parallel,
+        "context_parallel": p.context_parallel,
+        "world_size": p.world_size,
+    }
     for key, value in degrees.items():
         if value < 1:
             out.append(f"parallel.{key}={value} is invalid; allowed: an integer >= 1")

@@ -1,0 +1,195 @@
+"""The config tree: presets carry the paper's values, overrides work, bad input fails with one message."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import typing
+
+import pytest
+from omegaconf import OmegaConf
+
+from swe_megatron.cli import main
+from swe_megatron.config import CONFIGS_DIR, ConfigError, load_config
+from swe_megatron.config import schema as S
+
+RUN_PRESETS = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+FRAGMENTS = sorted(
+    str(p.relative_to(CONFIGS_DIR))
+    for d in ("model", "stage", "cluster")
+    for p in (CONFIGS_DIR / d).glob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("preset", RUN_PRESETS)
+def test_every_run_preset_loads(preset):
+    cfg = load_config(preset)
+    assert OmegaConf.is_readonly(cfg)
+
+
+@pytest.mark.parametrize("fragment", FRAGMENTS)
+def test_every_fragment_is_used_by_a_run_preset(fragment):
+    """Fragments (model/stage/cluster) are composed, not run alone; each must be reachable from a run preset."""
+    used = "".join((CONFIGS_DIR / f"{p}.yaml").read_text() for p in RUN_PRESETS)
+    assert fragment in used
+
+
+def test_paper_values_in_stage_presets():
+    """Every number of paper-spec.md's recipe, as the 72B preset resolves it."""
+    cfg = load_config("paper-72b")
+    assert list(cfg.schedule) == ["rft", "stage1", "stage2", "eval"]
+    rft, s1, s2 = cfg.rft, cfg.stage1, cfg.stage2
+    assert rft.kind == S.StageKind.sft and rft.samples_per_task == 10 and rft.batch_size == 64
+    assert rft.epochs == 1 and rft.context_length == 65536 and rft.one_shot_demo
+    assert (rft.optim.lr, rft.optim.weight_decay, rft.optim.warmup_steps) == (5e-6, 0.1, 10)
+    assert rft.optim.schedule == S.LrSchedule.cosine and rft.optim.min_lr == 0.0
+    assert (s1.tasks_per_iteration, s2.tasks_per_iteration) == (300, 100)
+    assert (s1.batch_size, s2.batch_size) == (128, 256)
+    assert (s1.eps_low, s1.eps_high, s2.eps_low, s2.eps_high) == (0.2, 0.3, 0.2, 0.26)
+    assert (s1.t_max, s2.t_max, s1.l_thr, s2.l_thr) == (40, 80, 10, 10)
+    assert (s1.context_length, s2.context_length) == (65536, 131072)
+    assert s1.samples_per_task == s2.samples_per_task == 10
+    for st in (s1, s2):
+        assert st.kind == S.StageKind.dapo
+        assert (st.min_optimizer_steps, st.max_optimizer_steps, st.epochs) == (2, 8, 1)
+        o = st.optim
+        assert (o.lr, list(o.betas), o.eps, o.weight_decay, o.grad_clip) == (
+            1e-6,
+            [0.9, 0.999],
+            1e-8,
+            0.1,
+            1.0,
+        )
+    assert s2.refresh_pool and not s1.refresh_pool
+    assert s2.refresh_max_solve_rate == pytest.approx(2 / 3) and s2.refresh_drop_never_solved
+    samp = cfg.sampling
+    assert (samp.temperature, samp.top_p, samp.top_k, samp.min_p) == (1.0, 1.0, -1, 0.0)
+    assert (samp.repetition_penalty, samp.presence_penalty, samp.frequency_penalty) == (1.0, 0.0, 0.0)
+    assert (cfg.eval.runs, list(cfg.eval.k)) == (10, [1, 10])
+    assert cfg.model.rope_scaling.type == "yarn" and cfg.model.rope_scaling.factor == 4.0
+    assert (cfg.cluster.nodes, cfg.cluster.gpus_per_node) == (16, 8)
+    assert (cfg.tasks.max_files_changed, cfg.tasks.max_lines_changed) == (7, 499)
+
+
+def test_model_presets_match_hf_shapes():
+    m72 = load_config("paper-72b").model
+    assert (m72.hidden_size, m72.num_layers, m72.num_attention_heads, m72.num_key_value_heads) == (
+        8192,
+        80,
+        64,
+        8,
+    )
+    assert (m72.intermediate_size, m72.vocab_size, m72.qkv_bias) == (29568, 152064, True)
+    m7 = load_config("paper-7b").model
+    assert (m7.hidden_size, m7.num_layers, m7.num_attention_heads, m7.num_key_value_heads) == (
+        3584,
+        28,
+        28,
+        4,
+    )
+    tiny = load_config("embedded").model
+    assert tiny.architecture == "qwen2" and tiny.params_dtype == "float32"
+
+
+def test_overrides_and_interpolation():
+    cfg = load_config("embedded", ["stage1.t_max=30", "name=x", "stage1.optim.betas=[0.8, 0.95]"])
+    assert cfg.stage1.t_max == 30 and cfg.run_dir == "runs/x" and list(cfg.stage1.optim.betas) == [0.8, 0.95]
+
+
+@pytest.mark.parametrize(
+    ("override", "needles"),
+    [
+        ("stage1.eps_lw=0.1", ["stage1.eps_lw", "eps_low", "eps_high"]),
+        ("nope=1", ["'nope'", "stage1", "sampling"]),
+        ("stage1.eps_low=1.0", ["stage1.eps_low", "0 < eps_low < 1"]),
+        ("stage1.eps_low=-0.1", ["stage1.eps_low"]),
+        ("stage1.t_max=abc", ["stage1.t_max", "int", "'abc'"]),
+        ("sampling.top_k=50", ["sampling.top_k", "-1", "stage1"]),
+        ("sampling.min_p=0.05", ["sampling.min_p", "0.0"]),
+        ("sampling.temperature=0.7", ["sampling.temperature", "1.0"]),
+        ("sandbox.backend=docker", ["sandbox.backend", "bwrap", "apptainer", "local"]),
+        ("sandbox.backend=local", ["sandbox.allow_local"]),
+        ("stage1.l_thr=50", ["stage1.l_thr", "t_max"]),
+        ("stage2.context_length=200000", ["stage2.context_length", "rope_scaling"]),
+        ("schedule=[rft,stage3]", ["stage3", "stage1"]),
+        ("parallel.world_size=0", ["parallel.world_size", ">= 1"]),
+        ("parallel.tensor_parallel=4", ["parallel.world_size", "multiple"]),
+        ("stage1.min_optimizer_steps=9", ["min_optimizer_steps", "max_optimizer_steps"]),
+        ("stage1", ["key=value"]),
+    ],
+)
+def test_bad_values_fail_with_one_message(override, needles):
+    with pytest.raises(ConfigError) as info:
+        load_config("embedded", [override])
+    msg = str(info.value)
+    assert "\n" not in msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def test_truncated_sampling_is_fine_without_rl_stages():
+    cfg = load_config("embedded", ["schedule=[eval]", "sampling.top_k=20"])
+    assert cfg.sampling.top_k == 20
+
+
+def test_bad_yaml_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("_base_: [embedded.yaml]\nstage1: {eps_high: high}\n")
+    with pytest.raises(ConfigError, match=r"stage1.eps_high.*'high'.*float"):
+        load_config(str(bad))
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("_base_: [loop.yaml]\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(str(loop))
+    with pytest.raises(ConfigError, match="not found.*embedded"):
+        load_config(str(tmp_path / "missing"))
+
+
+def _dataclasses(cls, seen):
+    if cls in seen or not dataclasses.is_dataclass(cls):
+        return
+    seen.add(cls)
+    for tp in typing.get_type_hints(cls).values():
+        _dataclasses(tp, seen)
+
+
+def test_every_config_field_has_a_docstring():
+    """Field docstrings are the config's documentation; read them from the source."""
+    import ast
+    import inspect
+
+    seen: set = set()
+    _dataclasses(S.RunConfig, seen)
+    tree = ast.parse(inspect.getsource(S))
+    documented = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            body = node.body
+            documented[node.name] = {
+                stmt.target.id
+                for stmt, nxt in zip(body, body[1:])
+                if isinstance(stmt, ast.AnnAssign)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            }
+    for cls in seen:
+        missing = {f.name for f in dataclasses.fields(cls)} - documented.get(cls.__name__, set())
+        assert not missing, f"{cls.__name__} fields without a docstring: {sorted(missing)}"
+
+
+def test_cli_show_config(capsys):
+    assert main(["show-config", "paper-72b", "stage2.eps_high=0.28"]) == 0
+    out = capsys.readouterr().out
+    assert "eps_high: 0.28" in out and "Qwen2.5-72B-Instruct" in out
+    assert main(["show-config", "paper-72b", "stage2.eps_low=1.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stage2.eps_low" in err
+
+
+def test_console_script_installed():
+    exe = subprocess.run(
+        [sys.executable, "-m", "swe_megatron.cli", "show-config", "embedded"], capture_output=True, text=True
+    )
+    assert exe.returncode == 0 and "name: embedded" in exe.stdout

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README's test command: everything that can run on a CPU machine.
+# Installs the CPU world (idempotent), prepares bubblewrap + the sandbox user and the local
+# single-node Slurm cluster when run as root (both idempotent; the cluster is left running for
+# the next test run: tools/slurm_down.sh stops it), then runs pytest over ALL markers
+# (dist, slurm, sandbox, e2e; gpu tests skip without CUDA). Extra arguments go to pytest.
+# Plain `pytest` (no -m) runs only the fast unit tests.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+tools/install_cpu.sh
+if [[ $(id -u) == 0 ]]; then
+  tools/sandbox_setup.sh
+  tools/slurm_up.sh
+else
+  echo "test.sh: not root: sandbox and slurm tests will skip unless set up already (run tools/sandbox_setup.sh and tools/slurm_up.sh as root)" >&2
+fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# pytest exits 5 when it collects nothing: that is a failure here too (set -e).
+exec .venv/bin/python -m pytest -m "" "$@"
