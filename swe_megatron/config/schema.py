@@ -198,7 +198,7 @@ class AlgoConfig:
     adv_eps: float = 1e-6
     """delta in A = (R - mean_G) / (std_G + delta)."""
     std: StdKind = StdKind.population
-    """Group std for advantages: population (divide by G) is what GRPO/DAPO implementations use."""
+    """Group std for advantages: population (divide by G; unit mean-square advantages for any G) or sample (G - 1)."""
     drop_zero_advantage: bool = True
     """Dynamic sampling: drop trajectories whose advantage is zero (all-equal groups)."""
     oversample_factor: float = 1.0
@@ -245,6 +245,8 @@ class StageConfig:
     """Refresh drops tasks with solve rate >= this over training so far."""
     refresh_drop_never_solved: bool = True
     """Refresh drops tasks never solved so far."""
+    refresh_keep_unattempted: bool = True
+    """Refresh keeps tasks with no recorded attempt (no evidence); false drops them as never solved."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimiser for this stage."""
 
@@ -335,6 +337,14 @@ class SandboxConfig:
     """Sandboxes one sandbox server runs at once."""
     sif_dir: str = ""
     """Apptainer: folder with one SIF per task image."""
+    workspace_root: str = "/var/tmp/swe-megatron-sandboxes"
+    """Host folder for each sandbox's private copy of its repository (outside /root and the project)."""
+    tmpfs_mb: int = 512
+    """bwrap: size cap of the sandbox's /tmp and HOME each (tmpfs, held in memory)."""
+    lease_timeout_s: float = 300.0
+    """Sandbox server: a sandbox idle this long whose client holds no open session is stopped."""
+    cgroup_limits: bool = True
+    """Apptainer: enforce memory_mb and max_processes with --memory/--pids-limit (cgroups v2)."""
 
 
 @dataclass
@@ -378,6 +388,36 @@ class MonitorConfig:
 
 
 @dataclass
+class AgentConfig:
+    """The agent scaffold (paper-spec.md "Agent scaffold") and how the rollout manager runs episodes.
+
+    Turn and context limits live per stage (StageConfig.t_max, context_length); command timeout and output
+    cap live in SandboxConfig.
+    """
+
+    prompts: str = "configs/prompts/swe_agent.yaml"
+    """YAML file with the prompt templates (system, instance, demo, observation, format error)."""
+    window: int = 100
+    """Lines the file viewer shows at once (open/goto/scroll_up/scroll_down and edit answers)."""
+    interactive_programs: list[str] = field(
+        default_factory=lambda: (
+            "vim vi nvim nano emacs pico less more most top htop man ipython jupyter ssh tmux screen gdb pdb watch"
+        ).split()
+    )
+    """Programs refused as the command of a shell turn (they wait for a terminal); also python/bash with no args."""
+    search_max_matches: int = 100
+    """search_file lists at most this many matching lines."""
+    max_consecutive_format_errors: int = 0
+    """End the episode (format_limit) after this many malformed turns in a row; 0 never does (the paper)."""
+    concurrency: int = 4
+    """Episodes the rollout manager runs at once."""
+    infra_retries: int = 2
+    """Times an episode that ended in an infrastructure failure is run again before it is given up."""
+    drop_drifted: bool = True
+    """Mask (exclude) trajectories whose tokens drift from a re-render of their chat (invariant 1)."""
+
+
+@dataclass
 class RunConfig:
     """A whole run: which stages, on which model, data, engines, sandboxes and cluster."""
 
@@ -411,6 +451,8 @@ class RunConfig:
     """Rollout engines."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Sandboxes."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Agent scaffold and rollout manager."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Cluster and node split."""
     monitor: MonitorConfig = field(default_factory=MonitorConfig)

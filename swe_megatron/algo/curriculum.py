@@ -1,0 +1,328 @@
+"""The task pool and the two-stage curriculum: which tasks each iteration trains on.
+
+The pool keeps, per stage and iteration, how often each task was attempted and solved, and persists
+that history as one JSON file in the run directory (atomic write: temporary file + os.replace), so a
+run resumes where it stopped. Sampling walks seeded permutations of the active tasks (one per epoch),
+so every task is seen about equally often and iteration i draws the same tasks after a restart.
+Entering a stage can refresh the pool; the paper's stage 2 drops tasks solved in >= 2/3 of their
+attempts over training so far (too easy) and tasks never solved (too hard).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from swe_megatron.trajectory import Trajectory
+
+POOL_FORMAT = 1
+
+
+@dataclass
+class TaskStats:
+    """Attempts and successes of one task."""
+
+    attempts: int = 0
+    """Graded rollouts (infrastructure failures are not attempts)."""
+    successes: int = 0
+    """Resolved rollouts."""
+
+    @property
+    def solve_rate(self) -> float | None:
+        """successes / attempts, None without attempts."""
+        return self.successes / self.attempts if self.attempts else None
+
+
+@dataclass
+class RefreshRule:
+    """Which tasks a pool refresh drops."""
+
+    max_solve_rate: float = 2 / 3
+    """Drop tasks with solve rate >= this."""
+    drop_never_solved: bool = True
+    """Drop tasks attempted but never solved."""
+    keep_unattempted: bool = True
+    """Keep tasks without attempts (no evidence either way)."""
+
+    @classmethod
+    def from_stage_config(cls, stage: Any) -> RefreshRule | None:
+        """The rule of a StageConfig, or None when the stage does not refresh its pool."""
+        if not stage.refresh_pool:
+            return None
+        return cls(
+            max_solve_rate=float(stage.refresh_max_solve_rate),
+            drop_never_solved=bool(stage.refresh_drop_never_solved),
+            keep_unattempted=bool(stage.refresh_keep_unattempted),
+        )
+
+
+@dataclass
+class RefreshReport:
+    """What a refresh did."""
+
+    tasks_in: int = 0
+    """Active tasks before the refresh."""
+    dropped_too_easy: int = 0
+    """Tasks with solve rate >= max_solve_rate."""
+    dropped_never_solved: int = 0
+    """Tasks attempted and never solved."""
+    dropped_unattempted: int = 0
+    """Tasks without attempts (only when keep_unattempted is false)."""
+    kept: int = 0
+    """Active tasks after the refresh."""
+    kept_unattempted: int = 0
+    """Kept tasks that had no attempts."""
+
+
+def refresh_pool(
+    task_ids: Sequence[str], stats: Mapping[str, TaskStats], rule: RefreshRule
+) -> tuple[list[str], RefreshReport]:
+    """Apply a refresh rule. task_ids: [P] active tasks; stats: history (missing = no attempts).
+
+    Returns (kept task ids in input order, report). The bound is inclusive: exactly max_solve_rate drops.
+    """
+    report = RefreshReport(tasks_in=len(task_ids))
+    kept = []
+    for tid in task_ids:
+        st = stats.get(tid, TaskStats())
+        if st.attempts == 0:
+            if not rule.keep_unattempted:
+                report.dropped_unattempted += 1
+                continue
+            report.kept_unattempted += 1
+        elif st.successes / st.attempts >= rule.max_solve_rate:
+            report.dropped_too_easy += 1
+            continue
+        elif st.successes == 0 and rule.drop_never_solved:
+            report.dropped_never_solved += 1
+            continue
+        kept.append(tid)
+    report.kept = len(kept)
+    return kept, report
+
+
+def outcomes(trajectories: Iterable[Trajectory]) -> list[tuple[str, bool]]:
+    """(task id, resolved) of each trajectory that is a model outcome (infra failures and drift skipped)."""
+    return [(t.task_id, bool(t.resolved)) for t in trajectories if not t.excluded]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that a crash leaves either the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class TaskPool:
+    """Active tasks, per-iteration attempt/success history, and seeded resumable sampling.
+
+    Use: `pool = TaskPool.open(path, task_ids, seed)`, then per stage `pool.start_stage(name, rule)`,
+    per iteration `tasks = pool.sample(n, it)` ... `pool.record(it, outcomes(trajs))`. Every change is
+    saved at once when the pool has a path.
+    """
+
+    def __init__(self, task_ids: Sequence[str], seed: int, path: str | Path | None = None):
+        ids = [str(t) for t in task_ids]
+        dup = sorted(t for t, c in Counter(ids).items() if c > 1)
+        if dup:
+            raise ValueError(f"TaskPool: duplicate task ids {dup[:5]}")
+        self.path = Path(path) if path is not None else None
+        self.seed = int(seed)
+        self.task_ids = ids
+        """Every task the pool was created with, in the given order."""
+        self.active = list(ids)
+        """Tasks the current stage samples from."""
+        self.stage: str | None = None
+        """The stage in progress (set by start_stage)."""
+        self.cursor: dict[str, int] = {}
+        """Per stage: positions consumed in that stage's stream of epoch permutations."""
+        self.last_sample: dict[str, Any] | None = None
+        """{"stage", "iteration", "tasks"} of the latest sample, returned again if that iteration reruns."""
+        self.log: dict[str, dict[str, list[int]]] = {}
+        """"stage:iteration" -> {task id: [attempts, successes]}."""
+        self.refresh_reports: dict[str, dict[str, int]] = {}
+        """Per stage: the refresh report of its start, if it refreshed."""
+
+    # persistence ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole state as JSON-ready data."""
+        return {
+            "format": POOL_FORMAT,
+            "seed": self.seed,
+            "task_ids": self.task_ids,
+            "active": self.active,
+            "stage": self.stage,
+            "cursor": self.cursor,
+            "last_sample": self.last_sample,
+            "log": self.log,
+            "refresh_reports": self.refresh_reports,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str | Path | None = None) -> TaskPool:
+        """Inverse of to_dict."""
+        if data.get("format") != POOL_FORMAT:
+            raise ValueError(f"task pool {path}: format {data.get('format')!r} is not {POOL_FORMAT}")
+        pool = cls(data["task_ids"], data["seed"], path)
+        pool.active = list(data["active"])
+        pool.stage = data["stage"]
+        pool.cursor = {k: int(v) for k, v in data["cursor"].items()}
+        pool.last_sample = data["last_sample"]
+        pool.log = {k: {t: [int(a), int(s)] for t, (a, s) in v.items()} for k, v in data["log"].items()}
+        pool.refresh_reports = dict(data["refresh_reports"])
+        return pool
+
+    def save(self) -> None:
+        """Write the state to the pool's path (atomically); no-op without a path."""
+        if self.path is not None:
+            write_json_atomic(self.path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> TaskPool:
+        """Read a pool saved by save()."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(
+                f"task pool {path} cannot be read ({e}); delete it to start the history afresh"
+            ) from None
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def open(cls, path: str | Path, task_ids: Sequence[str], seed: int) -> TaskPool:
+        """Resume the pool at `path` if it exists (it must hold the same tasks and seed), else start one."""
+        path = Path(path)
+        if not path.exists():
+            pool = cls(task_ids, seed, path)
+            pool.save()
+            return pool
+        pool = cls.load(path)
+        if pool.seed != int(seed) or set(pool.task_ids) != {str(t) for t in task_ids}:
+            raise ValueError(
+                f"task pool {path} was created with seed {pool.seed} and {len(pool.task_ids)} tasks, but this run "
+                f"has seed {seed} and {len(task_ids)} tasks; use a fresh run directory or the original tasks"
+            )
+        return pool
+
+    # history ---------------------------------------------------------------------------------------
+
+    def record(self, iteration: int, results: Iterable[tuple[str, bool]]) -> None:
+        """Store the (task id, resolved) outcomes of an iteration of the current stage.
+
+        Recording the same iteration again REPLACES its entry, so rerunning an iteration after a crash
+        does not count it twice. Pass only model outcomes (see `outcomes`).
+        """
+        stage = self._require_stage()
+        entry: dict[str, list[int]] = {}
+        known = set(self.task_ids)
+        for tid, ok in results:
+            if tid not in known:
+                raise ValueError(f"TaskPool.record: task {tid!r} is not in the pool")
+            a_s = entry.setdefault(tid, [0, 0])
+            a_s[0] += 1
+            a_s[1] += int(bool(ok))
+        self.log[f"{stage}:{iteration}"] = entry
+        self.save()
+
+    def stats(self, stages: Iterable[str] | None = None) -> dict[str, TaskStats]:
+        """Attempts and successes per task summed over the history (optionally only some stages)."""
+        wanted = None if stages is None else set(stages)
+        out: dict[str, TaskStats] = {}
+        for key, entry in self.log.items():
+            if wanted is not None and key.rsplit(":", 1)[0] not in wanted:
+                continue
+            for tid, (a, s) in entry.items():
+                st = out.setdefault(tid, TaskStats())
+                st.attempts += a
+                st.successes += s
+        return out
+
+    # curriculum ------------------------------------------------------------------------------------
+
+    def start_stage(self, stage: str, refresh: RefreshRule | None = None) -> RefreshReport | None:
+        """Enter a stage, refreshing the active tasks by `refresh` over all history so far.
+
+        Idempotent on resume: if the pool is already in `stage`, nothing is applied again and the stored
+        report is returned.
+        """
+        if self.stage == stage:
+            rep = self.refresh_reports.get(stage)
+            return RefreshReport(**rep) if rep is not None else None
+        report = None
+        if refresh is not None:
+            self.active, report = refresh_pool(self.active, self.stats(), refresh)
+            if not self.active:
+                raise ValueError(
+                    f"refreshing the pool for {stage} left no tasks ({report}); relax refresh_max_solve_rate "
+                    "or refresh_drop_never_solved"
+                )
+            self.refresh_reports[stage] = asdict(report)
+        self.stage = stage
+        self.save()
+        return report
+
+    def sample(self, n: int, iteration: int) -> list[str]:
+        """The next min(n, active) distinct tasks of the current stage's seeded stream, for `iteration`.
+
+        The stream is a sequence of permutations of the active tasks, epoch e shuffled by a RNG seeded
+        with (seed, stage, e); a task already drawn in this call is skipped at an epoch boundary. Asking
+        again for the iteration just sampled (a rerun after a crash) returns the same tasks.
+        """
+        stage = self._require_stage()
+        if n < 1:
+            raise ValueError(f"TaskPool.sample: n={n} is invalid; allowed: >= 1")
+        if not self.active:
+            raise ValueError(
+                f"TaskPool.sample: stage {stage} has no active tasks (check the task file and filters)"
+            )
+        want = min(n, len(self.active))
+        last = self.last_sample
+        if last is not None and last["stage"] == stage and last["iteration"] == iteration:
+            if len(last["tasks"]) != want:
+                raise ValueError(
+                    f"TaskPool.sample: iteration {iteration} of {stage} was sampled with {len(last['tasks'])} "
+                    f"tasks, now {want} are asked for; keep tasks_per_iteration fixed when resuming"
+                )
+            return list(last["tasks"])
+        size = len(self.active)
+        cursor = self.cursor.get(stage, 0)
+        chosen: list[str] = []
+        seen: set[str] = set()
+        order: list[str] = []
+        order_epoch = -1
+        while len(chosen) < want:
+            epoch, offset = divmod(cursor, size)
+            if epoch != order_epoch:
+                order, order_epoch = self._epoch_order(stage, epoch), epoch
+            tid = order[offset]
+            cursor += 1
+            if tid not in seen:
+                seen.add(tid)
+                chosen.append(tid)
+        self.cursor[stage] = cursor
+        self.last_sample = {"stage": stage, "iteration": iteration, "tasks": chosen}
+        self.save()
+        return list(chosen)
+
+    def _epoch_order(self, stage: str, epoch: int) -> list[str]:
+        order = sorted(self.active)
+        # A string seed is hashed with SHA-512 by random.Random, so it is the same in every process.
+        random.Random(f"{self.seed}:{stage}:{epoch}").shuffle(order)
+        return order
+
+    def _require_stage(self) -> str:
+        if self.stage is None:
+            raise ValueError("TaskPool: call start_stage(name) before sampling or recording")
+        return self.stage

@@ -1,0 +1,166 @@
+"""One rollout of the agent on one task: the record the agent writes, grading fills in and training reads.
+
+Token provenance (design.md invariant 1): `token_ids` is the whole conversation as the trainer will see
+it; assistant tokens are exactly the engine's samples (`action_mask` 1, `logprobs` from the engine), and
+everything else (prompt, observations, template glue) has mask 0 and logprob 0. `turn_spans` locate each
+assistant turn so that malformed turns can be masked for RFT. A trajectory round-trips through JSON
+(`to_dict` / `from_dict`, `to_json` / `from_json`) so it can be stored one per line in JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+
+class ExitReason(str, Enum):
+    """Why the episode ended. The first four are model outcomes; the rest are infrastructure failures."""
+
+    submitted = "submitted"
+    """The agent ran `submit`."""
+    turn_limit = "turn_limit"
+    """T_max assistant turns were used (a model outcome: kept, with its length penalty)."""
+    context_limit = "context_limit"
+    """The next prompt would exceed the context length (a model outcome, kept)."""
+    format_limit = "format_limit"
+    """The episode was stopped after too many malformed turns in a row (a model outcome, kept)."""
+    sandbox_error = "sandbox_error"
+    """The sandbox itself failed (infrastructure: the trajectory is excluded, never rewarded 0)."""
+    engine_error = "engine_error"
+    """The inference engine failed or returned something unusable (infrastructure)."""
+    harness_timeout = "harness_timeout"
+    """A harness-level timeout that is not the model's doing (infrastructure)."""
+
+    @property
+    def is_infra(self) -> bool:
+        """True for endings caused by infrastructure, which are excluded from training and from pass rates."""
+        return self in (ExitReason.sandbox_error, ExitReason.engine_error, ExitReason.harness_timeout)
+
+
+@dataclass
+class Trajectory:
+    """One episode with the tokens, masks and engine logprobs training needs, and its grading outcome.
+
+    Lengths: `token_ids`, `action_mask` and `logprobs` all have length L (the full conversation).
+    `turn_spans[j] = [start, end)` is the token range of assistant turn j (the tokens the engine sampled
+    in that turn, end-of-turn token included), so `num_steps == len(turn_spans)`.
+    """
+
+    task_id: str
+    """The task's instance_id; trajectories of one task in one iteration form a group."""
+    sample_index: int
+    """Index of this rollout among the task's samples in its iteration (0..G-1)."""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The chat as text: [{"role": "system"|"user"|"assistant", "content": ...}, ...]."""
+    token_ids: list[int] = field(default_factory=list)
+    """Token ids of the whole conversation, length L."""
+    action_mask: list[int] = field(default_factory=list)
+    """Length L; 1 on assistant tokens sampled by the engine, 0 on prompt, observations and template glue."""
+    logprobs: list[float] = field(default_factory=list)
+    """Length L; the engine's logprob of each sampled token, 0.0 where action_mask is 0."""
+    prompt_len: int = 0
+    """Tokens of the initial prompt (system message + problem statement) before the first assistant turn."""
+    turn_spans: list[list[int]] = field(default_factory=list)
+    """[start, end) token range of each assistant turn, in order."""
+    malformed_turns: list[int] = field(default_factory=list)
+    """Indices into turn_spans of assistant turns that were format errors (zero or several commands)."""
+    num_steps: int = 0
+    """Assistant turns taken (|tau| in the length penalty); equals len(turn_spans)."""
+    exit_reason: ExitReason = ExitReason.submitted
+    """Why the episode ended."""
+    patch: str = ""
+    """The submitted patch (`git diff` at submit); "" for none."""
+    reward: float = 0.0
+    """Test reward: 1.0 if the patch makes the task's tests pass, else 0.0 (before any length penalty)."""
+    resolved: bool = False
+    """Grading said the task is resolved."""
+    infra_failure: str | None = None
+    """What failed in the infrastructure (episode or grading), e.g. "grading: timeout"; None when nothing did."""
+    drifted: bool = False
+    """Re-rendering the chat did not reproduce token_ids (invariant 1): the trajectory is not trained on."""
+    retokenized_turns: int = 0
+    """Assistant turns whose sampled ids differ from a fresh encoding of their text (kept as sampled; not drift)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent per phase, e.g. {"generate": ..., "sandbox": ..., "grade": ...}."""
+
+    def __post_init__(self) -> None:
+        self.exit_reason = ExitReason(self.exit_reason)
+        self.turn_spans = [list(span) for span in self.turn_spans]
+
+    @property
+    def excluded(self) -> bool:
+        """Infrastructure failure or token drift: not a model outcome, so excluded from training and scores."""
+        return self.infra_failure is not None or self.exit_reason.is_infra or self.drifted
+
+    def loss_mask(self, mask_malformed: bool) -> list[int]:
+        """Length-L 0/1 mask of the tokens to train on: action tokens, minus malformed turns if asked.
+
+        RFT masks malformed turns (they stay in the context but are not imitated); DAPO trains them with
+        the trajectory's advantage like any other action. A drifted trajectory trains nothing.
+        """
+        if self.drifted:
+            return [0] * len(self.token_ids)
+        mask = list(self.action_mask)
+        if mask_malformed:
+            for j in self.malformed_turns:
+                start, end = self.turn_spans[j]
+                mask[start:end] = [0] * (end - start)
+        return mask
+
+    def check(self) -> None:
+        """Raise ValueError naming the first inconsistency between the token-level fields."""
+        n = len(self.token_ids)
+        where = f"trajectory {self.task_id}#{self.sample_index}"
+        if len(self.action_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"{where}: token_ids ({n}), action_mask ({len(self.action_mask)}) and logprobs "
+                f"({len(self.logprobs)}) must have the same length"
+            )
+        if not 0 <= self.prompt_len <= n:
+            raise ValueError(f"{where}: prompt_len={self.prompt_len} is outside 0..{n}")
+        if self.num_steps != len(self.turn_spans):
+            raise ValueError(f"{where}: num_steps={self.num_steps} but {len(self.turn_spans)} turn_spans")
+        prev_end = self.prompt_len
+        inside = [0] * n
+        for j, (start, end) in enumerate(self.turn_spans):
+            if not prev_end <= start <= end <= n:
+                raise ValueError(
+                    f"{where}: turn_spans[{j}]={[start, end]} overlaps, is out of order or out of range"
+                )
+            inside[start:end] = [1] * (end - start)
+            prev_end = end
+        if any(m and not i for m, i in zip(self.action_mask, inside)):
+            raise ValueError(f"{where}: action_mask is 1 outside every assistant turn span")
+        if any(lp != 0.0 for m, lp in zip(self.action_mask, self.logprobs) if not m):
+            raise ValueError(f"{where}: logprobs must be 0.0 where action_mask is 0")
+        if any(not 0 <= j < len(self.turn_spans) for j in self.malformed_turns):
+            raise ValueError(f"{where}: malformed_turns={self.malformed_turns} index a missing turn")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the enum as its string value)."""
+        out = asdict(self)
+        out["exit_reason"] = self.exit_reason.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """Inverse of to_dict; unknown keys are an error so that a misspelt field is not silently lost."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown Trajectory field(s) {unknown}; known: {sorted(known)}")
+        missing = [k for k in ("task_id", "sample_index") if k not in data]
+        if missing:
+            raise ValueError(f"Trajectory record lacks required field(s) {missing}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        """One JSONL line (no trailing newline)."""
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        """Parse one JSONL line written by to_json."""
+        return cls.from_dict(json.loads(line))

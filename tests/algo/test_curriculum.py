@@ -1,0 +1,208 @@
+"""Task pool: refresh rule boundaries, seeded resumable sampling, history persistence."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from swe_megatron.algo import RefreshRule, TaskPool, TaskStats, outcomes, refresh_pool
+from swe_megatron.algo import curriculum as curriculum_module
+from swe_megatron.config.schema import StageConfig
+
+from .conftest import build_trajectory
+
+TASKS = [f"repo__t-{i:03d}" for i in range(23)]
+
+
+def _stats(**counts):
+    return {tid: TaskStats(a, s) for tid, (a, s) in counts.items()}
+
+
+# (attempts, successes) -> kept by the paper's rule (drop solve rate >= 2/3, drop never solved)
+BOUNDARY = {
+    "exactly_2_of_3": ((3, 2), False),
+    "exactly_4_of_6": ((6, 4), False),
+    "exactly_20_of_30": ((30, 20), False),
+    "just_below_66_of_100": ((100, 66), True),
+    "just_above_67_of_100": ((100, 67), False),
+    "half": ((10, 5), True),
+    "six_of_ten": ((10, 6), True),
+    "seven_of_ten": ((10, 7), False),
+    "always": ((10, 10), False),
+    "one_of_ten": ((10, 1), True),
+    "never_of_ten": ((10, 0), False),
+}
+
+
+@pytest.mark.parametrize("rule_source", ["dataclass", "stage_config"])
+def test_refresh_rule_boundaries(rule_source):
+    rule = (
+        RefreshRule()
+        if rule_source == "dataclass"
+        else RefreshRule.from_stage_config(StageConfig(refresh_pool=True))
+    )
+    stats = _stats(**{k: v[0] for k, v in BOUNDARY.items()})
+    kept, rep = refresh_pool([*BOUNDARY, "unattempted"], stats, rule)
+    assert kept == [k for k, v in BOUNDARY.items() if v[1]] + ["unattempted"]
+    assert (rep.tasks_in, rep.dropped_too_easy, rep.dropped_never_solved, rep.kept_unattempted) == (
+        12,
+        6,
+        1,
+        1,
+    )
+    assert rep.kept == 5
+
+
+def test_refresh_options():
+    stats = _stats(never=(10, 0), easy=(3, 2), mid=(4, 1))
+    kept, _ = refresh_pool(["never", "easy", "mid", "new"], stats, RefreshRule(drop_never_solved=False))
+    assert kept == ["never", "mid", "new"]
+    kept, rep = refresh_pool(["never", "easy", "mid", "new"], stats, RefreshRule(keep_unattempted=False))
+    assert kept == ["mid"] and rep.dropped_unattempted == 1
+    kept, _ = refresh_pool(["never", "easy", "mid"], stats, RefreshRule(max_solve_rate=0.25))
+    assert kept == []  # mid's 1/4 sits exactly on the bound
+    assert RefreshRule.from_stage_config(StageConfig(refresh_pool=False)) is None
+
+
+def test_sampling_is_distinct_seeded_and_covers_the_pool_evenly():
+    pool = TaskPool(TASKS, seed=1)
+    pool.start_stage("stage1")
+    draws = [pool.sample(5, it) for it in range(46)]  # 230 draws = 10 epochs of 23
+    assert all(len(d) == len(set(d)) == 5 for d in draws)
+    counts = Counter(t for d in draws for t in d)
+    assert set(counts) == set(TASKS)
+    # each epoch is a permutation; only skips at epoch boundaries can shift a count by one
+    assert max(counts.values()) - min(counts.values()) <= 2
+    first_epoch = [t for d in draws for t in d][:20]
+    assert len(set(first_epoch)) == 20  # nothing repeats before the pool is exhausted
+    other = TaskPool(TASKS, seed=2)
+    other.start_stage("stage1")
+    assert other.sample(5, 0) != draws[0]
+    everything = pool.sample(100, 46)
+    assert sorted(everything) == sorted(TASKS)  # asking for more than the pool gives the pool once
+
+
+def test_exact_permutation_when_n_divides_the_pool():
+    pool = TaskPool(TASKS[:20], seed=0)
+    pool.start_stage("stage1")
+    epoch0 = [t for it in range(4) for t in pool.sample(5, it)]
+    epoch1 = [t for it in range(4, 8) for t in pool.sample(5, it)]
+    assert sorted(epoch0) == sorted(epoch1) == sorted(TASKS[:20])
+    assert epoch0 != epoch1  # a fresh shuffle per epoch
+
+
+def test_persistence_round_trip_and_resume_give_the_same_run(tmp_path):
+    def run(pool, iterations):
+        out = []
+        for it in iterations:
+            tasks = pool.sample(4, it)
+            pool.record(it, [(t, (it + i) % 3 == 0) for i, t in enumerate(tasks)] * 2)
+            out.append(tasks)
+        return out
+
+    straight = TaskPool(TASKS, seed=7)
+    straight.start_stage("stage1")
+    expected = run(straight, range(8))
+
+    path = tmp_path / "run" / "task_pool.json"
+    first = TaskPool.open(path, TASKS, seed=7)
+    first.start_stage("stage1")
+    got = run(first, range(3))
+    resumed = TaskPool.open(path, TASKS, seed=7)  # a new process after a restart
+    assert resumed.to_dict() == first.to_dict()
+    assert resumed.start_stage("stage1") is None  # already in stage1: nothing re-applied
+    got += run(resumed, range(3, 8))
+    assert got == expected
+    assert TaskPool.load(path).to_dict() == straight.to_dict()
+    assert json.loads(path.read_text())["format"] == 1
+    assert [p.name for p in path.parent.iterdir()] == ["task_pool.json"]  # no temporary files left
+
+
+def test_rerunning_an_iteration_returns_its_tasks_and_replaces_its_record():
+    pool = TaskPool(TASKS, seed=3)
+    pool.start_stage("stage1")
+    tasks = pool.sample(6, 0)
+    pool.record(0, [(tasks[0], True), (tasks[0], False)])
+    assert pool.sample(6, 0) == tasks  # crash after sampling: the rerun rolls out the same tasks
+    pool.record(0, [(tasks[0], True), (tasks[0], True), (tasks[0], False)])
+    assert pool.stats()[tasks[0]] == TaskStats(3, 2)  # replaced, not added to
+    with pytest.raises(ValueError, match="tasks_per_iteration"):
+        pool.sample(5, 0)
+    assert set(pool.sample(6, 1)).isdisjoint(tasks)  # the next 6 of the same epoch
+
+
+def test_stage_two_refresh_uses_all_history_and_is_applied_once(tmp_path):
+    path = tmp_path / "pool.json"
+    pool = TaskPool.open(path, ["easy", "hard", "good", "unseen"], seed=0)
+    pool.start_stage("rft")
+    pool.record(0, [("easy", True), ("easy", True), ("hard", False), ("good", False)])
+    pool.start_stage("stage1")
+    pool.record(0, [("easy", True), ("hard", False), ("good", True), ("good", False)])
+    assert pool.stats(stages=["stage1"])["good"] == TaskStats(2, 1)
+    assert pool.stats()["easy"] == TaskStats(3, 3)
+    rep = pool.start_stage("stage2", RefreshRule())
+    assert pool.active == ["good", "unseen"]
+    assert (rep.dropped_too_easy, rep.dropped_never_solved, rep.kept) == (1, 1, 2)
+    assert set(pool.sample(10, 0)) == {"good", "unseen"}
+    pool.record(0, [("good", True)] * 5)  # "good" is now easy, but stage 2 already refreshed
+    reopened = TaskPool.open(path, ["unseen", "good", "hard", "easy"], seed=0)
+    assert reopened.start_stage("stage2", RefreshRule()) == rep
+    assert reopened.active == ["good", "unseen"]
+
+
+def test_refresh_that_empties_the_pool_is_an_error():
+    pool = TaskPool(["a", "b"], seed=0)
+    pool.start_stage("stage1")
+    pool.record(0, [("a", True), ("b", False)])
+    with pytest.raises(ValueError, match="left no tasks"):
+        pool.start_stage("stage2", RefreshRule())
+
+
+def test_misuse_and_mismatched_resume_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="duplicate"):
+        TaskPool(["a", "b", "a"], seed=0)
+    empty = TaskPool([], seed=0)
+    empty.start_stage("stage1")
+    with pytest.raises(ValueError, match="no active tasks"):
+        empty.sample(3, 0)
+    pool = TaskPool(["a", "b"], seed=0)
+    with pytest.raises(ValueError, match="start_stage"):
+        pool.sample(1, 0)
+    pool.start_stage("stage1")
+    with pytest.raises(ValueError, match="not in the pool"):
+        pool.record(0, [("zzz", True)])
+    path = tmp_path / "pool.json"
+    TaskPool.open(path, ["a", "b"], seed=0)
+    with pytest.raises(ValueError, match="seed"):
+        TaskPool.open(path, ["a", "b"], seed=1)
+    with pytest.raises(ValueError, match="2 tasks"):
+        TaskPool.open(path, ["a", "c"], seed=0)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot be read"):
+        TaskPool.load(path)
+
+
+def test_a_crash_while_saving_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "pool.json"
+    pool = TaskPool.open(path, TASKS, seed=0)
+    pool.start_stage("stage1")
+    before = path.read_text()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(curriculum_module.json, "dump", crash)
+    with pytest.raises(OSError):
+        pool.sample(3, 0)
+    assert path.read_text() == before
+    assert TaskPool.load(path).to_dict()["last_sample"] is None
+
+
+def test_outcomes_skip_infrastructure_failures_and_drift():
+    trajs = [
+        build_trajectory("a", 0, resolved=True),
+        build_trajectory("a", 1, infra_failure="sandbox: oom"),
+        build_trajectory("b", 0, drifted=True),
+        build_trajectory("b", 1),
+    ]
+    assert outcomes(trajs) == [("a", True), ("b", False)]
