@@ -1,0 +1,156 @@
+"""Hugging Face safetensors export of the trainer's weights, for vLLM reloads and transformers.
+
+Sharded: each pipeline stage's TP-rank-0 / DP-rank-0 process writes the full (TP-gathered) tensors of
+its own layers, split into files of at most `max_shard_bytes`; no rank ever holds the whole model.
+Atomic: everything is written into `<out>.tmp`, global rank 0 adds `model.safetensors.index.json`
+and `config.json`, then swaps the folder into place with renames, so a reader sees the old export or
+the new one, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from swe_megatron.config.schema import ModelConfig
+from swe_megatron.train.hf_convert import hf_state_of_stage
+
+_HF_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass
+class ExportReport:
+    """What an export wrote and how long it took."""
+
+    path: str
+    """The export folder."""
+    seconds: float
+    """Wall-clock time from start to the atomic rename (measured on global rank 0)."""
+    bytes: int
+    """Bytes of tensor data written."""
+    files: int
+    """Safetensors files written."""
+
+
+def hf_config_dict(cfg: ModelConfig) -> dict:
+    """The config.json of `cfg` as a transformers Qwen2/Llama config."""
+    qwen = cfg.architecture == "qwen2"
+    out = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": cfg.architecture,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.hidden_size // cfg.num_attention_heads,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "hidden_act": "silu",
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "torch_dtype": _HF_DTYPE[cfg.params_dtype],
+        "use_cache": True,
+    }
+    if not qwen:
+        out["attention_bias"] = cfg.qkv_bias
+        out["mlp_bias"] = False
+    if cfg.rope_scaling.type == "yarn":
+        out["rope_scaling"] = {
+            "type": "yarn",
+            "rope_type": "yarn",
+            "factor": cfg.rope_scaling.factor,
+            "original_max_position_embeddings": cfg.rope_scaling.original_max_position_embeddings,
+        }
+    return out
+
+
+def _write_stage(
+    state: dict[str, torch.Tensor], folder: Path, stage: int, max_shard_bytes: int
+) -> dict[str, str]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(state):
+        t = state[name].contiguous()
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    where = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-stage{stage:03d}-{k:05d}.safetensors"
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        where.update(dict.fromkeys(shard, fname))
+    return where
+
+
+def export_hf(
+    model,
+    cfg: ModelConfig,
+    out: str | os.PathLike,
+    tp_group=None,
+    pp_group=None,
+    dp_group=None,
+    max_shard_bytes: int = 4 << 30,
+    extra_files: list[str | os.PathLike] = (),
+) -> ExportReport:
+    """Write this model (a GPTModel stage on every rank) as a HF checkpoint folder `out`; all ranks call it.
+
+    extra_files (tokenizer files, generation config) are copied in by global rank 0.
+    """
+    start = time.perf_counter()
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    state = hf_state_of_stage(model, cfg, tp_group)
+    writer = _rank(tp_group) == 0 and _rank(dp_group) == 0
+    where = _write_stage(state, tmp, _rank(pp_group), max_shard_bytes) if writer else {}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values()) if writer else 0
+    maps = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+    if dist.is_initialized():
+        dist.all_gather_object(maps, (where, nbytes))
+    else:
+        maps = [(where, nbytes)]
+    weight_map = {k: v for m, _ in maps for k, v in m.items()}
+    total = sum(n for _, n in maps)
+    if rank == 0:
+        (tmp / "model.safetensors.index.json").write_text(
+            json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2
+            )
+        )
+        (tmp / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2))
+        for f in extra_files:
+            shutil.copy(f, tmp / Path(f).name)
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return ExportReport(str(out), time.perf_counter() - start, total, len(set(weight_map.values())))
+
+
+def _rank(group) -> int:
+    return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

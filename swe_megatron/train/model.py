@@ -1,0 +1,182 @@
+"""The policy as a Megatron-Core GPTModel, built from a ModelConfig (Qwen2 / Qwen2.5 / Llama families).
+
+Covers RMSNorm, SwiGLU, grouped-query attention, optional q/k/v bias, RoPE (plain or YaRN) and tied
+or untied embeddings. YaRN uses Hugging Face's defaults (beta_fast 32, beta_slow 1, truncated
+correction range, attention factor 0.1 ln(s) + 1, which Megatron-Core 0.19 applies to q and k).
+
+The layer spec is Megatron's local (pure PyTorch) one on CPU and Transformer Engine's on GPU, chosen
+by `ParallelConfig.transformer_impl` and availability. No process groups are created here (see
+`parallel.py`); the TP/PP sizes only shape the parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from swe_megatron.config.schema import (
+    ModelConfig,
+    ParallelConfig,
+    Recompute,
+    RopeScalingConfig,
+    TransformerImpl,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_config_from_hf(hf_config, name: str = "hf") -> ModelConfig:
+    """A ModelConfig from a transformers config object of the Qwen2 or Llama family."""
+    arch = hf_config.model_type
+    if arch not in ("qwen2", "llama"):
+        raise ValueError(f"model_type {arch!r} is not supported: use a Qwen2/Qwen2.5 or Llama checkpoint.")
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type"))
+    scaling = RopeScalingConfig()
+    if rope_type == "yarn":
+        scaling = RopeScalingConfig(
+            type="yarn",
+            factor=float(rope["factor"]),
+            original_max_position_embeddings=int(
+                rope.get("original_max_position_embeddings", hf_config.max_position_embeddings)
+            ),
+        )
+    elif rope_type not in (None, "default"):
+        raise ValueError(f"rope type {rope_type!r} is not supported: use none or yarn.")
+    theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    return ModelConfig(
+        name=name,
+        architecture=arch,
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        intermediate_size=hf_config.intermediate_size,
+        num_layers=hf_config.num_hidden_layers,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_key_value_heads=hf_config.num_key_value_heads,
+        max_position_embeddings=hf_config.max_position_embeddings,
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        rms_norm_eps=hf_config.rms_norm_eps,
+        qkv_bias=arch == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        tie_word_embeddings=bool(hf_config.tie_word_embeddings),
+        params_dtype=str(getattr(hf_config, "dtype", None) or "float32").replace("torch.", ""),
+    )
+
+
+def use_transformer_engine(parallel: ParallelConfig) -> bool:
+    """Whether the Transformer Engine layer spec is used: by config, and only with CUDA and TE installed."""
+    if parallel.transformer_impl == TransformerImpl.local:
+        return False
+    have = torch.cuda.is_available()
+    if have:
+        try:
+            import transformer_engine  # noqa: F401
+        except ImportError:
+            have = False
+    if parallel.transformer_impl == TransformerImpl.transformer_engine and not have:
+        raise ValueError(
+            "parallel.transformer_impl=transformer_engine needs CUDA and transformer-engine installed; "
+            "use transformer_impl=auto or local here."
+        )
+    return have
+
+
+def transformer_config(model: ModelConfig, parallel: ParallelConfig):
+    """Megatron-Core TransformerConfig for `model` laid out as `parallel`."""
+    from megatron.core.transformer import TransformerConfig
+
+    if model.architecture not in ("qwen2", "llama"):
+        raise ValueError(f"model.architecture={model.architecture!r}: use qwen2 or llama.")
+    dtype = _DTYPES[model.params_dtype]
+    head_dim = model.hidden_size // model.num_attention_heads
+    on_gpu = torch.cuda.is_available()
+    recompute = {}
+    if parallel.recompute == Recompute.full:
+        recompute = {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
+    elif parallel.recompute == Recompute.selective:
+        recompute = {"recompute_granularity": "selective"}
+    cfg = TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.intermediate_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_key_value_heads,
+        kv_channels=head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=model.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        tensor_model_parallel_size=parallel.tensor_parallel,
+        pipeline_model_parallel_size=parallel.pipeline_parallel,
+        context_parallel_size=parallel.context_parallel,
+        sequence_parallel=parallel.sequence_parallel,
+        # Same seed -> same full weights for every TP size, which makes layouts comparable.
+        use_cpu_initialization=True,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=on_gpu,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=on_gpu,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        pipeline_dtype=dtype,
+        **recompute,
+    )
+    if model.rope_scaling.type == "yarn":
+        # GPTModel reads YaRN settings off the config; HF defaults (beta 32/1, truncated range).
+        cfg.yarn_rotary_scaling_factor = model.rope_scaling.factor
+        cfg.yarn_original_max_position_embeddings = model.rope_scaling.original_max_position_embeddings
+        cfg.yarn_beta_fast = 32.0
+        cfg.yarn_beta_slow = 1.0
+        cfg.yarn_mscale = 1.0
+        cfg.yarn_mscale_all_dim = 0.0
+        cfg.yarn_correction_range_round_to_int = True
+    return cfg
+
+
+def layer_spec(parallel: ParallelConfig):
+    """Transformer layer spec: Transformer Engine on GPU when chosen and available, local otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if use_transformer_engine(parallel):
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def build_model(
+    model: ModelConfig, parallel: ParallelConfig, pre_process: bool = True, post_process: bool = True
+):
+    """A GPTModel for this rank's pipeline stage (pre/post_process: first/last stage).
+
+    Model-parallel state must be initialised (`parallel.init_model_parallel`) so TP/PP shard shapes and
+    the RNG tracker are known.
+    """
+    from megatron.core.models.gpt import GPTModel
+
+    cfg = transformer_config(model, parallel)
+    yarn = model.rope_scaling.type == "yarn"
+    return GPTModel(
+        config=cfg,
+        transformer_layer_spec=layer_spec(parallel),
+        vocab_size=model.vocab_size,
+        max_sequence_length=max(
+            model.max_position_embeddings, int(model.rope_scaling.factor * model.max_position_embeddings)
+        ),
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=model.tie_word_embeddings,
+        position_embedding_type="yarn" if yarn else "rope",
+        rotary_base=model.rope_theta,
+    )

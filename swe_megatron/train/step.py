@@ -1,0 +1,318 @@
+"""The trainer's update: DAPO or SFT optimiser steps on Megatron-Core over any TP x PP x DP layout.
+
+One `update(samples, ...)` call is one iteration's training: old logprobs from the trainer's own
+forward pass before any change (engine logprobs kept beside them for the mismatch metric), then the
+batch split into `num_steps` optimiser steps; each step shares its trajectories out over the
+data-parallel ranks, packs them into micro-batches under `ParallelConfig.micro_batch_tokens`, and
+runs Megatron's `get_forward_backward_func()` with a `forward_step` that returns (output, loss_fn).
+
+Every loss is a sum over action tokens divided by the step's GLOBAL action-token count (all-reduced
+over data parallel), Megatron computes "per-token" losses (no division by the number of
+micro-batches) and DDP sums gradients over ranks, so loss and gradient do not depend on the
+micro-batch size, the number of DP ranks or the TP/PP layout (design.md invariant 5).
+
+Every rank of the trainer calls the same methods with the same full batch (rank 0 of the iteration
+loop broadcasts it); metrics come back on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from swe_megatron.algo.losses import dapo_loss, sft_loss
+from swe_megatron.config.schema import LrSchedule, ModelConfig, OptimConfig, ParallelConfig
+from swe_megatron.train import hf_convert
+from swe_megatron.train.logprobs import action_logprobs
+from swe_megatron.train.model import build_model
+from swe_megatron.train.packing import (
+    MicroBatch,
+    TrainSample,
+    pack,
+    split_for_data_parallel,
+    split_into_steps,
+)
+
+
+@dataclass
+class LossSpec:
+    """Which loss an update uses: "dapo" with its clip range, or "sft"."""
+
+    kind: str = "dapo"
+    """dapo (clipped ratio with advantages) or sft (negative log-likelihood)."""
+    eps_low: float = 0.2
+    """DAPO lower clip."""
+    eps_high: float = 0.3
+    """DAPO upper clip."""
+
+
+def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
+    """Learning rate of optimiser step `step` (0-based): linear warmup to optim.lr, then constant or cosine.
+
+    Warmup step k uses lr * (k + 1) / warmup_steps, so no step is spent at lr 0. Cosine decays from lr to
+    min_lr over the steps after warmup, reaching min_lr at step total_steps - 1.
+    """
+    import math
+
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    if optim.schedule == LrSchedule.constant:
+        return optim.lr
+    span = max(total_steps - optim.warmup_steps - 1, 1)
+    progress = min((step - optim.warmup_steps) / span, 1.0)
+    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def _finalize_grads(model, num_tokens, **kwargs):
+    # Losses already carry the global token denominator: reduce gradients without rescaling.
+    from megatron.core.distributed import finalize_model_grads
+
+    return finalize_model_grads(model, None, **kwargs)
+
+
+class Trainer:
+    """A Megatron-Core policy with its optimiser and LR schedule, for this rank's part of the layout.
+
+    total_steps: optimiser steps of the whole stage (the cosine schedule's length).
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        parallel_cfg: ParallelConfig,
+        optim_cfg: OptimConfig,
+        total_steps: int,
+        hf_state: dict[str, torch.Tensor] | None = None,
+    ):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.model_cfg, self.parallel_cfg, self.optim_cfg = model_cfg, parallel_cfg, optim_cfg
+        self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        self.tp_group, self.dp_group, self.pp_group = (
+            ps.get_tensor_model_parallel_group(),
+            ps.get_data_parallel_group(),
+            ps.get_pipeline_model_parallel_group(),
+        )
+        module = build_model(model_cfg, parallel_cfg, self.first_stage, self.last_stage)
+        if hf_state is not None:
+            hf_convert.load_hf_state(
+                module, hf_state, model_cfg, ps.get_tensor_model_parallel_rank(), parallel_cfg.tensor_parallel
+            )
+        cfg = module.config
+        cfg.calculate_per_token_loss = True
+        cfg.variable_seq_lengths = parallel_cfg.pipeline_parallel > 1
+        cfg.finalize_model_grads_func = _finalize_grads
+        self.model = DistributedDataParallel(
+            config=cfg,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=parallel_cfg.use_distributed_optimizer,
+            ),
+            module=module,
+        )
+        cfg.no_sync_func = self.model.no_sync
+        dtype = cfg.params_dtype
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=optim_cfg.lr,
+                min_lr=optim_cfg.min_lr,
+                weight_decay=optim_cfg.weight_decay,
+                adam_beta1=optim_cfg.betas[0],
+                adam_beta2=optim_cfg.betas[1],
+                adam_eps=optim_cfg.eps,
+                clip_grad=optim_cfg.grad_clip,
+                bf16=dtype == torch.bfloat16,
+                params_dtype=dtype,
+                use_distributed_optimizer=parallel_cfg.use_distributed_optimizer,
+            ),
+            [self.model],
+        )
+        self.total_steps = total_steps
+        self.steps_done = 0
+
+    # --- forward pieces -------------------------------------------------------------------------
+    def _forward_step(self, loss_fn, data_iterator, model):
+        mb: MicroBatch = next(data_iterator)
+        sp = self.parallel_cfg.sequence_parallel
+
+        def to_logprobs(hidden_states, output_weight, output_layer, **_):
+            weight = output_weight if output_weight is not None else output_layer.weight
+            return action_logprobs(hidden_states, weight, mb.rows, mb.targets, self.tp_group, sp)
+
+        out = model(mb.tokens, mb.position_ids, None, output_processor=to_logprobs)
+        return out, partial(loss_fn, mb)
+
+    def _run(self, microbatches: list[MicroBatch], loss_fn, forward_only: bool) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        if not microbatches:
+            return []
+        return get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, loss_fn),
+            data_iterator=iter(microbatches),
+            model=self.model,
+            num_microbatches=len(microbatches),
+            seq_length=max(mb.tokens.shape[1] for mb in microbatches),
+            micro_batch_size=max(mb.tokens.shape[0] for mb in microbatches),
+            forward_only=forward_only,
+        )
+
+    def _my_microbatches(self, samples: list[TrainSample], ids: list[int]) -> list[MicroBatch]:
+        mine = split_for_data_parallel([samples[i] for i in ids], *self._dp())
+        chosen = [ids[i] for i in mine]
+        return pack([samples[i] for i in chosen], self.parallel_cfg.micro_batch_tokens, chosen)
+
+    def _dp(self) -> tuple[int, int]:
+        return dist.get_rank(self.dp_group), dist.get_world_size(self.dp_group)
+
+    def _sum(self, values: list[float], groups) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        for g in groups:
+            dist.all_reduce(t, group=g)
+        return t.tolist()
+
+    # --- public API ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def logprobs(self, microbatches: list[MicroBatch]) -> None:
+        """Fill `old_logprobs` of each micro-batch (last pipeline stage) from a forward pass of the current weights."""
+
+        def keep(mb, logprobs):
+            mb.old_logprobs = logprobs.detach().float()
+            return logprobs.sum() * 0.0, torch.tensor(0), {}
+
+        self.model.eval()
+        self._run(microbatches, keep, forward_only=True)
+        self.model.train()
+
+    def train_step(self, microbatches: list[MicroBatch], loss: LossSpec) -> dict[str, float]:
+        """One optimiser step over this rank's micro-batches (old_logprobs must be set for DAPO)."""
+        local_tokens = sum(mb.num_action_tokens for mb in microbatches)
+        (global_tokens,) = self._sum([local_tokens], [self.dp_group])
+        denom = torch.tensor(max(global_tokens, 1.0), dtype=torch.float64)
+
+        def loss_fn(mb, logprobs):
+            mask = torch.ones_like(mb.targets, dtype=torch.bool)
+            if loss.kind == "dapo":
+                value, metrics = dapo_loss(
+                    logprobs, mb.old_logprobs, mb.advantages, mask, loss.eps_low, loss.eps_high, denom
+                )
+                stats = {k: metrics[k] for k in ("clip_frac_low", "clip_frac_high", "approx_kl")}
+            else:
+                value, _ = sft_loss(logprobs, mask, denom)
+                stats = {"nll": -logprobs.detach().double().sum() / max(mb.num_action_tokens, 1)}
+            value = value.float()
+            n = mb.num_action_tokens
+            report = {"loss": value.detach().double()} | {k: v.double() * n for k, v in stats.items()}
+            return value, torch.tensor(n), report
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        reports = self._run(microbatches, loss_fn, forward_only=False)
+        lr = lr_at(self.steps_done, self.optim_cfg, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+        ok, grad_norm, _ = self.optimizer.step()
+        self.steps_done += 1
+        keys = ("loss", "clip_frac_low", "clip_frac_high", "approx_kl", "nll")
+        sums = [sum(float(r[k]) for r in reports if k in r) for k in keys]
+        totals = self._sum(sums, [self.dp_group, self.pp_group])
+        out = {"loss": totals[0], "action_tokens": global_tokens}
+        for k, v in zip(keys[1:], totals[1:]):
+            if (loss.kind == "dapo") == (k != "nll"):
+                out[k] = v / max(global_tokens, 1.0)
+        out["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        out["lr"] = lr
+        out["update_ok"] = float(bool(ok))
+        return out
+
+    def update(self, samples: list[TrainSample], num_steps: int, loss: LossSpec) -> list[dict[str, float]]:
+        """One iteration: old logprobs first, then `num_steps` optimiser steps over `samples`. Metrics per step."""
+        steps = [self._my_microbatches(samples, list(r)) for r in split_into_steps(len(samples), num_steps)]
+        mismatch = None
+        if loss.kind == "dapo":
+            for mbs in steps:
+                self.logprobs(mbs)
+            mismatch = self.mismatch([mb for mbs in steps for mb in mbs])
+        out = []
+        for mbs in steps:
+            metrics = self.train_step(mbs, loss)
+            if mismatch is not None:
+                metrics.update(mismatch)
+            out.append(metrics)
+        return out
+
+    def mismatch(self, microbatches: list[MicroBatch]) -> dict[str, float]:
+        """Engine-vs-trainer logprob mismatch over action tokens with engine logprobs (invariant 3)."""
+        abs_sum, count, k3, worst = 0.0, 0.0, 0.0, 0.0
+        if self.last_stage:
+            for mb in microbatches:
+                known = ~torch.isnan(mb.engine_logprobs)
+                if mb.old_logprobs is None or not bool(known.any()):
+                    continue
+                d = (mb.old_logprobs[known] - mb.engine_logprobs[known]).double()
+                abs_sum += float(d.abs().sum())
+                count += float(known.sum())
+                # k3 estimate of KL(engine || trainer) under engine samples: exp(-d) - 1 + d, d = trainer - engine.
+                k3 += float((torch.exp(d) - 1 - d).sum())
+                worst = max(worst, float(d.abs().max()))
+        abs_sum, count, k3 = self._sum([abs_sum, count, k3], [self.dp_group, self.pp_group])
+        w = torch.tensor([worst], dtype=torch.float64)
+        dist.all_reduce(w, op=dist.ReduceOp.MAX)
+        n = max(count, 1.0)
+        return {
+            "logprob_mismatch_abs_mean": abs_sum / n,
+            "logprob_mismatch_abs_max": float(w),
+            "logprob_kl_k3": k3 / n,
+        }
+
+    def export(self, out: str, extra_files=()):
+        """Write the current weights as a sharded HF safetensors folder (all ranks call it); an ExportReport."""
+        from swe_megatron.train.export import export_hf
+
+        return export_hf(
+            self.model.module,
+            self.model_cfg,
+            out,
+            self.tp_group,
+            self.pp_group,
+            self.dp_group,
+            extra_files=extra_files,
+        )
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def _sharded_state(self, is_loading: bool = False):
+        model_sd = self.model.module.sharded_state_dict()
+        # Loading needs the optimizer state allocated first (a fresh Adam has none until its first step).
+        return {
+            "model": model_sd,
+            "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading),
+        }
+
+    def save(self, path: str) -> None:
+        """Save model, optimiser and step count with dist_checkpointing (loadable at another TP/PP layout)."""
+        import os
+
+        from megatron.core import dist_checkpointing
+
+        os.makedirs(path, exist_ok=True)
+        dist_checkpointing.save(self._sharded_state(), path)
+        if dist.get_rank() == 0:
+            torch.save({"steps_done": self.steps_done}, f"{path}/trainer.pt")
+        dist.barrier()
+
+    def load(self, path: str) -> None:
+        """Restore a checkpoint written by `save`, whatever layout it was saved from."""
+        from megatron.core import dist_checkpointing
+
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True), path)
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        extra = torch.load(f"{path}/trainer.pt", weights_only=False)
+        self.steps_done = extra["steps_done"]

@@ -1,0 +1,158 @@
+"""Shared pieces of the trainer tests: a tiny HF Qwen2, a fixed batch, and a gloo multi-rank launcher.
+
+Worker functions live here (not in the test files) so spawned ranks can import them.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from swe_megatron.config.schema import OptimConfig, ParallelConfig
+from swe_megatron.train import parallel
+from swe_megatron.train.packing import TrainSample
+
+VOCAB = 256
+
+
+def tiny_hf(tie: bool = False, seed: int = 0, rope: dict | None = None, arch: str = "qwen2"):
+    """A randomly initialised tiny Qwen2 (or Llama) from transformers, fp32, eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tie,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+    )
+    if rope:
+        kw["rope_parameters"] = rope
+    torch.manual_seed(seed)
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw)).float().eval()
+    model = Qwen2ForCausalLM(Qwen2Config(**kw)).float().eval()
+    with torch.no_grad():  # HF zero-initialises nothing we care about, but make biases non-trivial
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def batch(n: int = 8, seed: int = 3) -> list[TrainSample]:
+    """Trajectories of varied lengths with random action masks, advantages and engine logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(6, 40, (1,), generator=g))
+        tokens = torch.randint(0, VOCAB, (length,), generator=g)
+        mask = torch.rand(length, generator=g) > 0.4
+        mask[0] = False
+        out.append(
+            TrainSample(
+                tokens,
+                mask,
+                advantage=float(torch.randn(1, generator=g)),
+                engine_logprobs=-5.5 + 0.1 * torch.randn(length, generator=g),
+            )
+        )
+    return out
+
+
+OPTIM = OptimConfig(lr=1e-4, warmup_steps=1, grad_clip=0.0, weight_decay=0.1)
+
+
+def _entry(rank: int, world: int, port: int, out: str, fn, args) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    try:
+        parallel.init_distributed(rank, world, master_port=port)
+        result = fn(rank, *args)
+        torch.save(result, f"{out}/rank{rank}.pt")
+    except Exception:
+        Path(f"{out}/rank{rank}.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        parallel.destroy()
+
+
+def run_ranks(fn, world: int, tmp: Path, *args) -> list:
+    """Run fn(rank, *args) on `world` gloo ranks in fresh processes; returns each rank's result."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ctx = mp.start_processes(
+        _entry,
+        args=(world, parallel.free_port(), str(tmp), fn, args),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        while not ctx.join():
+            pass
+    except Exception as exc:
+        errs = "\n".join(p.read_text() for p in sorted(tmp.glob("rank*.err")))
+        raise AssertionError(f"a rank failed:\n{errs or exc}") from exc
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def capture(trainer) -> dict:
+    """HF-named weights and grads of the whole model, merged over TP and pipeline stages."""
+    import torch.distributed as dist
+
+    from swe_megatron.train.hf_convert import hf_state_of_stage
+
+    cfg, module = trainer.model_cfg, trainer.model.module
+    mine = {
+        "weights": hf_state_of_stage(module, cfg, trainer.tp_group),
+        "grads": hf_state_of_stage(module, cfg, trainer.tp_group, grads=True),
+    }
+    stages = [None] * dist.get_world_size(trainer.pp_group)
+    dist.all_gather_object(stages, mine, group=trainer.pp_group)
+    return {k: {n: t for s in stages for n, t in s[k].items()} for k in ("weights", "grads")}
+
+
+def train_and_capture(
+    rank, model_cfg, par: ParallelConfig, hf_state, samples, num_steps, kind="dapo", save=None, export=None
+):
+    """Initialise `par`, build a Trainer from `hf_state`, run one update; metrics, weights and grads."""
+    from swe_megatron.train.step import LossSpec, Trainer
+
+    parallel.init_model_parallel(par, seed=1)
+    trainer = Trainer(model_cfg, par, OPTIM, total_steps=10, hf_state=hf_state)
+    metrics = trainer.update(samples, num_steps, LossSpec(kind))
+    out = {"metrics": metrics, **capture(trainer)}
+    if save is not None:
+        trainer.save(save)
+    if export is not None:
+        out["export"] = trainer.export(export)
+    return out
+
+
+def layouts(rank, model_cfg, hf_state, samples, num_steps, ckpt):
+    """TP=2, PP=2, DP=2 and DP=2 with the distributed optimizer (2 ranks) runs of the same update; the TP=2 run also saves a checkpoint to `ckpt`."""
+    out = {}
+    for name, par in {
+        "tp2": ParallelConfig(tensor_parallel=2, micro_batch_tokens=64),
+        "pp2": ParallelConfig(pipeline_parallel=2, micro_batch_tokens=64),
+        "dp2": ParallelConfig(micro_batch_tokens=64),
+        "dp2-distopt": ParallelConfig(micro_batch_tokens=64, use_distributed_optimizer=True),
+    }.items():
+        out[name] = train_and_capture(
+            rank,
+            model_cfg,
+            par,
+            hf_state,
+            samples,
+            num_steps,
+            save=f"{ckpt}/ckpt" if name == "tp2" else None,
+            export=f"{ckpt}/export-{name}",
+        )
+    return out

@@ -1,0 +1,73 @@
+"""HF export: transformers loads it and gives the trainer's logits; the folder appears atomically."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swe_megatron.config.schema import ParallelConfig
+from swe_megatron.train.step import LossSpec, Trainer
+
+from ._workers import OPTIM, VOCAB, batch, tiny_hf
+
+
+def test_export_loads_in_transformers_with_equal_logits(megatron_world, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from swe_megatron.train import parallel
+    from swe_megatron.train.model import model_config_from_hf
+
+    hf = tiny_hf(tie=True)
+    cfg = model_config_from_hf(hf.config)
+    par = ParallelConfig(micro_batch_tokens=64)
+    parallel.init_model_parallel(par, seed=1)
+    trainer = Trainer(cfg, par, OPTIM, total_steps=4, hf_state=hf.state_dict())
+    trainer.update(batch(4), 1, LossSpec("sft"))  # export trained weights, not the ones we loaded
+    out = tmp_path / "hf"
+    (out / "stale").mkdir(parents=True)  # an older export is replaced as a whole
+    report = trainer.export(str(out))
+    print(f"export: {report.files} file(s), {report.bytes} bytes in {report.seconds * 1e3:.1f} ms")
+    assert not (out / "stale").exists() and not (tmp_path / "hf.tmp").exists()
+
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = loaded(ids).logits
+        ours = trainer.model.module(ids, torch.arange(40).expand(2, 40), None)
+    diff = (theirs - ours).abs().max().item()
+    print(f"exported model vs trainer: max |logits diff| = {diff:.3g}")
+    assert diff < 2e-5
+    assert not torch.equal(loaded.model.embed_tokens.weight, hf.model.embed_tokens.weight)
+
+
+def test_export_shards_by_size(megatron_world, tmp_path):
+    from safetensors.torch import load_file
+
+    from swe_megatron.train import parallel
+    from swe_megatron.train.export import export_hf
+    from swe_megatron.train.hf_convert import load_hf_state
+    from swe_megatron.train.model import build_model, model_config_from_hf
+
+    hf = tiny_hf()
+    cfg = model_config_from_hf(hf.config)
+    parallel.init_model_parallel(ParallelConfig(), seed=1)
+    model = build_model(cfg, ParallelConfig())
+    load_hf_state(model, hf.state_dict(), cfg, 0, 1)
+    report = export_hf(model, cfg, tmp_path / "hf", max_shard_bytes=64 * 1024)
+    assert report.files > 3
+    files = sorted((tmp_path / "hf").glob("*.safetensors"))
+    exported = {k: v for f in files for k, v in load_file(str(f)).items()}
+    assert exported.keys() == hf.state_dict().keys()
+    assert all(torch.equal(exported[k], v) for k, v in hf.state_dict().items())
+
+
+def test_lr_schedule_warmup_then_constant_or_cosine():
+    from swe_megatron.config.schema import LrSchedule, OptimConfig
+    from swe_megatron.train.step import lr_at
+
+    const = OptimConfig(lr=1e-6, warmup_steps=2)
+    assert [lr_at(k, const, 10) for k in range(4)] == pytest.approx([5e-7, 1e-6, 1e-6, 1e-6])
+    cos = OptimConfig(lr=5e-6, min_lr=0.0, warmup_steps=10, schedule=LrSchedule.cosine)
+    lrs = [lr_at(k, cos, 110) for k in range(110)]
+    assert lrs[0] == pytest.approx(5e-7) and lrs[9] == 5e-6 and lrs[10] == 5e-6
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == 0.0
