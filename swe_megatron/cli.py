@@ -12,13 +12,20 @@ import sys
 
 from swe_megatron.config import ConfigError
 
+# UsageError lives outside this module so `python -m swe_megatron.cli` (which loads this file as
+# __main__) catches the same class the command modules raise; re-exported here for them.
+from swe_megatron.errors import UsageError
+
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+
 COMMANDS = [
     "swe_megatron.config.command",  # show-config
+    "swe_megatron.sandbox.command",  # sandbox-server
+    "swe_megatron.rollout.command",  # rollout, show-trajectory
+    "swe_megatron.grading.command",  # grade
+    "swe_megatron.tasks.command",  # make-tasks
+    "swe_megatron.train.command",  # plan
 ]
-
-
-class UsageError(Exception):
-    """A mistake in what the user asked for (bad file, bad argument); printed as one line, exit 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

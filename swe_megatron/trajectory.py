@@ -32,11 +32,18 @@ class ExitReason(str, Enum):
     """The inference engine failed or returned something unusable (infrastructure)."""
     harness_timeout = "harness_timeout"
     """A harness-level timeout that is not the model's doing (infrastructure)."""
+    harness_error = "harness_error"
+    """The harness itself crashed while running the episode (infrastructure)."""
 
     @property
     def is_infra(self) -> bool:
         """True for endings caused by infrastructure, which are excluded from training and from pass rates."""
-        return self in (ExitReason.sandbox_error, ExitReason.engine_error, ExitReason.harness_timeout)
+        return self in (
+            ExitReason.sandbox_error,
+            ExitReason.engine_error,
+            ExitReason.harness_timeout,
+            ExitReason.harness_error,
+        )
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The agent: the paper's command interface (ACI), the one-command parser, token provenance, the episode loop."""

@@ -1,0 +1,179 @@
+"""Token provenance (design.md invariant 1): the tokens trained on are the tokens the engine sampled.
+
+`TokenLedger` builds an episode's token sequence incrementally. The initial prompt is the chat template's
+rendering of (system, problem statement) with the generation prompt. Assistant tokens are the engine's
+sampled ids, kept as they are with their logprobs (action mask 1). Each observation is appended by rendering
+"conversation so far + new observation" and tokenising only the text after the rendered conversation so
+far (the fixed prefix): earlier tokens are never re-tokenised. An assistant turn cut by the token limit gets
+the end-of-turn token appended as template glue (mask 0), as the template would render it.
+
+`check_provenance` re-renders the whole chat from the stored messages and walks it against the stored
+tokens: every non-assistant stretch must be exactly the tokenisation of its rendered text, every assistant
+stretch must decode to that turn's text and end with the end-of-turn token. Assistant stretches whose ids
+differ from a fresh encoding of their text ("retokenised" turns, normal when sampling) are counted but are
+not drift: those are the ids the engine produced and trains on.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+
+
+class DriftError(RuntimeError):
+    """The chat template does not extend the rendered conversation as a prefix (cannot append tokens)."""
+
+
+class ChatFormat:
+    """A Hugging Face tokenizer with a chat template: render chats, encode text (no special tokens added)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos = tokenizer.eos_token
+        self.eos_id = tokenizer.convert_tokens_to_ids(self.eos)
+        norm = tokenizer.backend_tokenizer.normalizer if hasattr(tokenizer, "backend_tokenizer") else None
+        self._nfc = norm is not None and "NFC" in repr(norm)
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """The chat as template text."""
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text; special-token strings become their ids, nothing is added around them."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ids, special tokens kept."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def normalize(self, text: str) -> str:
+        """Text as the tokenizer sees it (NFC for Qwen), so a stored message decodes back to itself."""
+        return unicodedata.normalize("NFC", text) if self._nfc else text
+
+
+def _after_last_turn(text: str, content: str, eos: str) -> int:
+    """Index in a rendered chat just past the last assistant turn's content and end-of-turn token."""
+    idx = text.rfind(content + eos)
+    if idx < 0:
+        raise DriftError(
+            "the rendered chat does not contain the last assistant turn followed by its end token"
+        )
+    return idx + len(content) + len(eos)
+
+
+@dataclass
+class TokenLedger:
+    """The messages, token ids, action mask, logprobs and turn spans of one episode so far."""
+
+    chat: ChatFormat
+    messages: list[dict[str, str]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    action_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_spans: list[list[int]] = field(default_factory=list)
+    prompt_len: int = 0
+
+    @classmethod
+    def start(cls, chat: ChatFormat, system: str, first_user: str) -> TokenLedger:
+        """A ledger holding the initial prompt (system + problem statement + generation prompt)."""
+        msgs = [
+            {"role": "system", "content": chat.normalize(system)},
+            {"role": "user", "content": chat.normalize(first_user)},
+        ]
+        ids = chat.encode(chat.render(msgs, add_generation_prompt=True))
+        return cls(chat, msgs, ids, [0] * len(ids), [0.0] * len(ids), [], len(ids))
+
+    def add_assistant(self, sampled_ids: list[int], sampled_logprobs: list[float]) -> str:
+        """Append one turn of engine samples; returns its text. A turn without the end token gets it as glue."""
+        if len(sampled_ids) != len(sampled_logprobs):
+            raise ValueError(f"{len(sampled_ids)} sampled ids but {len(sampled_logprobs)} logprobs")
+        ids, lps, mask = list(sampled_ids), [float(x) for x in sampled_logprobs], [1] * len(sampled_ids)
+        if not ids or ids[-1] != self.chat.eos_id:
+            ids.append(
+                self.chat.eos_id
+            )  # cut by max_tokens: the template closes the turn, the engine did not
+            lps.append(0.0)
+            mask.append(0)
+        content = self.chat.decode(ids[:-1])
+        start = len(self.token_ids)
+        self.token_ids += ids
+        self.logprobs += [lp if m else 0.0 for lp, m in zip(lps, mask)]
+        self.action_mask += mask
+        self.turn_spans.append([start, len(self.token_ids)])
+        self.messages.append({"role": "assistant", "content": content})
+        return content
+
+    def observation_ids(self, text: str) -> list[int]:
+        """The tokens that appending observation `text` (plus the next generation prompt) would add."""
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise DriftError("an observation must follow an assistant turn")
+        obs = {"role": "user", "content": self.chat.normalize(text)}
+        prefix = self.chat.render(self.messages, add_generation_prompt=False)
+        cut = _after_last_turn(prefix, self.messages[-1]["content"], self.chat.eos)
+        full = self.chat.render([*self.messages, obs], add_generation_prompt=True)
+        if not full.startswith(prefix[:cut]):
+            raise DriftError("the chat template re-renders earlier turns differently once a message is added")
+        return self.chat.encode(full[cut:])
+
+    def add_observation(self, text: str, ids: list[int] | None = None) -> None:
+        """Append an observation (as a user message); `ids` from observation_ids saves a second render."""
+        ids = self.observation_ids(text) if ids is None else ids
+        self.messages.append({"role": "user", "content": self.chat.normalize(text)})
+        self.token_ids += ids
+        self.action_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+
+@dataclass
+class ProvenanceReport:
+    """What re-rendering the chat found."""
+
+    drifted: bool
+    """Some non-assistant tokens are not the template's tokens, or a turn's tokens are not its text."""
+    retokenized_turns: int = 0
+    """Assistant turns whose sampled ids differ from a fresh encoding of their text (expected, kept)."""
+    detail: str = ""
+    """Where the first drift is."""
+
+
+def check_provenance(
+    chat: ChatFormat, messages: list[dict[str, str]], token_ids: list[int], turn_spans: list[list[int]]
+) -> ProvenanceReport:
+    """Re-render the whole chat and check the stored tokens against it (see the module docstring)."""
+    contents = [m["content"] for m in messages if m["role"] == "assistant"]
+    if len(contents) != len(turn_spans):
+        return ProvenanceReport(
+            True, 0, f"{len(contents)} assistant messages but {len(turn_spans)} turn spans"
+        )
+    ends_with_user = bool(messages) and messages[-1]["role"] != "assistant"
+    text = chat.render(messages, add_generation_prompt=ends_with_user)
+    pos, prev, retok = 0, 0, 0
+    bounds = [*turn_spans, [len(token_ids), len(token_ids)]]
+    for j, (start, end) in enumerate(bounds):
+        seg = token_ids[prev:start]
+        seg_text = chat.decode(seg)
+        if not text.startswith(seg_text, pos):
+            return ProvenanceReport(
+                True, retok, f"tokens [{prev}, {start}) do not decode to the rendered chat"
+            )
+        if chat.encode(seg_text) != seg:
+            return ProvenanceReport(
+                True, retok, f"tokens [{prev}, {start}) are not the template's tokenisation"
+            )
+        pos += len(seg_text)
+        if j == len(turn_spans):
+            break
+        span, content = token_ids[start:end], contents[j]
+        if not span or span[-1] != chat.eos_id or chat.decode(span[:-1]) != content:
+            return ProvenanceReport(True, retok, f"assistant turn {j} tokens do not decode to its message")
+        if not text.startswith(content + chat.eos, pos):
+            return ProvenanceReport(True, retok, f"assistant turn {j} is not where the rendered chat has it")
+        pos += len(content) + len(chat.eos)
+        retok += chat.encode(content) + [chat.eos_id] != span
+        prev = end
+    rest = text[pos:]
+    if rest and (ends_with_user or rest.strip()):
+        return ProvenanceReport(True, retok, f"the rendered chat goes on past the tokens: {rest[:80]!r}")
+    return ProvenanceReport(False, retok)

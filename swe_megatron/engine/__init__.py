@@ -1,0 +1,1 @@
+"""Generation engines behind one small interface: token ids in, sampled ids + logprobs out; weight reload."""

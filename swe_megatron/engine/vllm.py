@@ -1,0 +1,141 @@
+"""Client of vLLM OpenAI-compatible servers: prompts as token ids, sampled ids and logprobs back.
+
+Every request spells out unbiased sampling (temperature 1, top-p 1, top-k off, min-p 0, all penalties off)
+so nothing a server or model default says can truncate the distribution (paper-spec.md, decoding finding;
+design.md invariant 3). Servers must be started with `--generation-config vllm` (see vllm_server.py).
+Sessions are routed stickily: an episode's turns go to the server that holds its prefix in cache.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+from swe_megatron.config.schema import SamplingConfig
+from swe_megatron.engine.base import EngineError, Generation
+
+
+def completion_body(
+    model: str, prompt_ids: list[int], max_tokens: int, sampling: SamplingConfig, stop_token_ids: list[int]
+) -> dict:
+    """The exact /v1/completions request body for one turn."""
+    return {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": int(max_tokens),
+        "n": 1,
+        "stream": False,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k
+        if sampling.top_k > 0
+        else 0,  # 0 disables top-k in vLLM >= 0.10 (-1 also did)
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "logprobs": 0,  # the sampled token's logprob only
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "stop_token_ids": list(stop_token_ids),
+        "ignore_eos": False,
+        "echo": False,
+    }
+
+
+def parse_completion(data: dict) -> Generation:
+    """Sampled ids, logprobs and finish reason from a /v1/completions response."""
+    try:
+        choice = data["choices"][0]
+        lp = choice["logprobs"]
+        ids = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
+        logprobs = [float(x) for x in lp["token_logprobs"]]
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise EngineError(f"unusable completion response ({e!r}): {json.dumps(data)[:300]}") from e
+    if choice.get("token_ids") is not None and list(choice["token_ids"]) != ids:
+        raise EngineError("completion token_ids disagree with the logprob tokens")
+    if len(ids) != len(logprobs):
+        raise EngineError(f"{len(ids)} sampled ids but {len(logprobs)} logprobs")
+    return Generation(ids, logprobs, "length" if choice.get("finish_reason") == "length" else "stop")
+
+
+def post_json(url: str, body: dict, timeout_s: float) -> dict | None:
+    """POST JSON and parse the answer (None for an empty one); any failure is an EngineError naming the url."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as e:
+        raise EngineError(f"{url}: HTTP {e.code}: {e.read()[:500].decode('utf-8', 'replace')}") from e
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+        raise EngineError(f"{url}: {e}; is the vLLM server running?") from e
+    return json.loads(raw) if raw.strip() else None
+
+
+class VllmEngine:
+    """Many vLLM servers behind one Engine: least-loaded assignment on a session's first turn, then sticky."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        model: str,
+        sampling: SamplingConfig,
+        stop_token_ids: list[int],
+        timeout_s: float = 600.0,
+    ):
+        if not urls:
+            raise ValueError("VllmEngine needs at least one server url")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.model = model
+        self.sampling = sampling
+        self.stop_token_ids = stop_token_ids
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._route: dict[str, int] = {}
+        self._load = [0] * len(self.urls)
+
+    def server_for(self, session: str) -> int:
+        """Index of the server that serves `session` (assigned to the least-loaded one on first use)."""
+        with self._lock:
+            if session not in self._route:
+                i = min(range(len(self.urls)), key=lambda k: (self._load[k], k))
+                self._route[session] = i
+                self._load[i] += 1
+            return self._route[session]
+
+    def end_session(self, session: str) -> None:
+        """Release a session's server slot."""
+        with self._lock:
+            i = self._route.pop(session, None)
+            if i is not None:
+                self._load[i] -= 1
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, session: str = "") -> Generation:
+        """One turn on the session's server."""
+        url = self.urls[self.server_for(session)] if session else self.urls[0]
+        body = completion_body(self.model, prompt_ids, max_tokens, self.sampling, self.stop_token_ids)
+        data = post_json(f"{url}/v1/completions", body, self.timeout_s)
+        if data is None:
+            raise EngineError(f"{url}: empty completion response")
+        return parse_completion(data)
+
+    def reload_weights(self, path: str) -> None:
+        """Every server reloads weights from a checkpoint folder in place, then drops its prefix cache.
+
+        Uses the dev-mode routes (servers started with VLLM_SERVER_DEV_MODE=1): `/collective_rpc` calling the
+        workers' `reload_weights(weights_path=...)`, then `/reset_prefix_cache`, since cached KV blocks were
+        computed by the old weights.
+        """
+        for url in self.urls:
+            post_json(
+                f"{url}/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": path}},
+                self.timeout_s,
+            )
+            post_json(f"{url}/reset_prefix_cache", {}, self.timeout_s)

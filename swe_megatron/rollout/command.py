@@ -1,0 +1,145 @@
+"""`swe-megatron rollout CONFIG --tasks FILE --out DIR` and `swe-megatron show-trajectory FILE`.
+
+rollout runs the stage's episodes (tasks x G) standalone and writes trajectories.jsonl + summary.json in DIR.
+The engine is, in order: `--engine-url` servers already running; `--policy gold` (the scripted test fake that
+applies each task's gold patch); cfg.engine.backend=transformers (in-process, tiny models only); otherwise
+cfg.engine.num_servers local vLLM servers started on cfg.model.hf_path (a tiny random checkpoint is
+written into DIR when hf_path is null) and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from swe_megatron.cli import UsageError
+    from swe_megatron.config.load import load_config
+    from swe_megatron.rollout.rollouts import run_rollouts
+    from swe_megatron.rollout.setup import load_tasks, make_setup
+
+    cfg = load_config(args.config, args.overrides)
+    stage = getattr(cfg, args.stage)
+    try:
+        tasks = load_tasks(args.tasks)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read tasks from {args.tasks}: {e}") from e
+    if args.max_tasks:
+        tasks = tasks[: args.max_tasks]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        engine = _engine(cfg, args, tasks, out, stack)
+        setup = make_setup(cfg, stage, engine)
+        if args.concurrency:
+            setup.agent.concurrency = args.concurrency
+        samples = args.samples or stage.samples_per_task
+        traj_file = out / "trajectories.jsonl"
+        traj_file.unlink(missing_ok=True)
+        _, stats = run_rollouts(tasks, samples, setup, traj_file, progress=cfg.monitor.progress)
+    summary = stats.summary()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _engine(cfg, args, tasks, out: Path, stack):
+    from swe_megatron.agent.tokens import ChatFormat
+    from swe_megatron.config.schema import EngineBackend
+    from swe_megatron.engine.vllm import VllmEngine
+    from swe_megatron.model.tokenizer import load_tokenizer
+
+    chat = ChatFormat(load_tokenizer(cfg.model.tokenizer))
+    if args.policy == "gold":
+        from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+
+        return ScriptedPolicy(chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
+    if args.engine_url:
+        return VllmEngine(
+            args.engine_url, "policy", cfg.sampling, [chat.eos_id], cfg.engine.request_timeout_s
+        )
+    model_dir = cfg.model.hf_path
+    if model_dir is None:
+        from swe_megatron.engine.hf import save_tiny_checkpoint
+
+        model_dir = str(save_tiny_checkpoint(cfg.model, out / "tiny-model", seed=cfg.seed))
+    if cfg.engine.backend == EngineBackend.transformers:
+        from swe_megatron.engine.hf import TransformersEngine
+
+        return TransformersEngine.from_pretrained(model_dir, chat.eos_id, cfg.seed)
+    from swe_megatron.engine.vllm_server import start_servers
+
+    stage = getattr(cfg, args.stage)
+    servers = start_servers(model_dir, cfg.engine, out / "engines", stage.context_length)
+    for s in servers:
+        stack.callback(s.stop)
+    return VllmEngine(
+        [s.url for s in servers], "policy", cfg.sampling, [chat.eos_id], cfg.engine.request_timeout_s
+    )
+
+
+def render_trajectory(traj, color: bool = False) -> str:
+    """A trajectory as readable text: header, then each message with its role, malformed turns marked."""
+    bold, dim, red, reset = ("\033[1m", "\033[2m", "\033[31m", "\033[0m") if color else ("", "", "", "")
+    head = (
+        f"{bold}{traj.task_id} #{traj.sample_index}{reset}  exit={traj.exit_reason.value}  reward={traj.reward:g}  "
+        f"resolved={traj.resolved}  steps={traj.num_steps}  tokens={len(traj.token_ids)} "
+        f"(actions {sum(traj.action_mask)})  malformed={traj.malformed_turns}  drifted={traj.drifted}"
+    )
+    lines = [head]
+    if traj.infra_failure:
+        lines.append(f"{red}infrastructure failure: {traj.infra_failure}{reset}")
+    if traj.timings:
+        lines.append(dim + "timings: " + ", ".join(f"{k}={v:.2f}s" for k, v in traj.timings.items()) + reset)
+    turn = 0
+    for m in traj.messages:
+        tag = m["role"]
+        if tag == "assistant":
+            tag += f" [turn {turn}{', MALFORMED' if turn in traj.malformed_turns else ''}]"
+            turn += 1
+        lines += ["", f"{bold}── {tag} ──{reset}", m["content"]]
+    if traj.patch:
+        lines += ["", f"{bold}── patch ──{reset}", traj.patch]
+    return "\n".join(lines)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from swe_megatron.cli import UsageError
+    from swe_megatron.trajectory import Trajectory
+
+    try:
+        lines = [ln for ln in Path(args.file).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e}") from e
+    if not -len(lines) <= args.index < len(lines):
+        raise UsageError(f"{args.file} has {len(lines)} trajectories; --index {args.index} is out of range")
+    traj = Trajectory.from_json(lines[args.index])
+    print(render_trajectory(traj, color=sys.stdout.isatty()))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the rollout and show-trajectory subcommands."""
+    p = sub.add_parser("rollout", help="run tasks x G agent episodes and write trajectories as JSONL")
+    p.add_argument("config", metavar="CONFIG", help="a preset under configs/ or a YAML path")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    p.add_argument("--tasks", required=True, help="JSONL task file")
+    p.add_argument("--out", required=True, help="output folder (trajectories.jsonl, summary.json)")
+    p.add_argument(
+        "--stage", default="stage1", choices=["rft", "stage1", "stage2"], help="stage whose limits apply"
+    )
+    p.add_argument("--samples", type=int, default=0, help="samples per task (default: the stage's G)")
+    p.add_argument("--max-tasks", type=int, default=0, help="use only the first N tasks")
+    p.add_argument("--concurrency", type=int, default=0, help="episodes at once (default: agent.concurrency)")
+    p.add_argument("--engine-url", nargs="+", default=None, help="running vLLM servers to use")
+    p.add_argument("--policy", choices=["model", "gold"], default="model", help="gold: scripted test fake")
+    p.set_defaults(func=_rollout)
+    s = sub.add_parser("show-trajectory", help="print one trajectory of a JSONL file readably")
+    s.add_argument("file", metavar="FILE", help="trajectories.jsonl")
+    s.add_argument("--index", type=int, default=0, help="which line (negative counts from the end)")
+    s.set_defaults(func=_show)

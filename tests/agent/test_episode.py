@@ -1,0 +1,147 @@
+"""The episode loop over the fake directory sandbox, with the scripted policy and a tiny random model."""
+
+import subprocess
+
+import pytest
+from fake_sandbox import DirSandbox
+
+from swe_megatron.agent.episode import EpisodeLimits, run_episode
+from swe_megatron.agent.prompts import load_prompts
+from swe_megatron.config.schema import AgentConfig, ModelConfig
+from swe_megatron.engine.base import EngineError
+from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+from swe_megatron.tasks.schema import Task
+from swe_megatron.trajectory import ExitReason
+
+CFG = AgentConfig(window=20)
+PROMPTS = load_prompts(CFG.prompts)
+
+
+@pytest.fixture
+def task(tmp_path):
+    """A repo whose add() subtracts and whose gold patch (two hunks + a new file) fixes it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    body = [
+        "def add(a, b):",
+        "    return a - b",
+        *[f"# filler {i}" for i in range(30)],
+        "def sub(a, b):",
+        "    return a + b",
+    ]
+    (repo / "calc.py").write_text("\n".join(body) + "\n")
+    git = "git -c user.email=t@t -c user.name=t"
+    subprocess.run(f"git init -q && git add -A && {git} commit -qm init", shell=True, cwd=repo, check=True)
+    fixed = body.copy()
+    fixed[1], fixed[-1] = "    return a + b", "    return a - b"
+    (repo / "calc.py").write_text("\n".join(fixed) + "\n")
+    (repo / "notes.txt").write_text("fixed\n")
+    gold = subprocess.run(
+        "git add -A && git diff --cached", shell=True, cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+    subprocess.run("git reset -q --hard", shell=True, cwd=repo, check=True)
+    return Task(
+        "demo__calc-1",
+        "demo/calc",
+        "HEAD",
+        gold,
+        "",
+        "add() subtracts.",
+        [],
+        [],
+        extra={"repo_dir": str(repo)},
+    )
+
+
+def limits(**kw):
+    base = dict(t_max=10, context_length=8192, max_tokens_per_turn=256, command_timeout_s=10, output_cap=4000)
+    return EpisodeLimits(**{**base, **kw})
+
+
+def episode(task, engine, chat, sb=None, **kw):
+    sb = sb or DirSandbox(task.extra["repo_dir"])
+    return run_episode(
+        task, 0, sb, engine, chat, PROMPTS, CFG, limits(**kw), sb.workdir, f"{task.instance_id}/0/0"
+    )
+
+
+def test_scripted_gold_patch_reproduces_the_gold_diff(task, chat):
+    script = gold_patch_script(task.patch)
+    assert script[0].endswith("```\nopen calc.py\n```") and "edit 31:34" in script[1]  # bottom-up hunks
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat)
+    assert traj.exit_reason == ExitReason.submitted and traj.infra_failure is None
+    assert traj.num_steps == len(script) and traj.malformed_turns == []
+    assert (
+        "+    return a + b" in traj.patch and "+    return a - b" in traj.patch and "notes.txt" in traj.patch
+    )
+    strip = lambda p: [ln for ln in p.splitlines() if not ln.startswith("index ")]  # noqa: E731
+    assert strip(traj.patch) == strip(task.patch)
+    assert not traj.drifted
+    traj.check()
+    assert traj.messages[3]["content"].endswith(
+        f"current file: {traj.messages[3]['content'].split()[1]}) bash-$"
+    )
+
+
+def test_format_errors_are_marked_and_answered(task, chat):
+    turns = ["no command", "```\nls\n```\nand\n```\npwd\n```", "```\nsubmit\n```"]
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: turns}), chat)
+    assert traj.exit_reason == ExitReason.submitted and traj.malformed_turns == [0, 1]
+    assert "it contained 0" in traj.messages[3]["content"] and "it contained 2" in traj.messages[5]["content"]
+    assert traj.patch == ""
+
+
+def test_turn_and_context_limits_are_model_outcomes_with_a_patch(task, chat):
+    turns = ["```\nopen calc.py\n```", "```\nedit 2:2\n    return a + b\nend_of_edit\n```"] + [
+        "```\nls\n```"
+    ] * 10
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: turns}), chat, t_max=3)
+    assert (
+        traj.exit_reason == ExitReason.turn_limit
+        and traj.num_steps == 3
+        and "+    return a + b" in traj.patch
+    )
+    assert not traj.excluded
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: turns}), chat, context_length=900)
+    assert traj.exit_reason == ExitReason.context_limit and len(traj.token_ids) < 900 and not traj.excluded
+    traj.check()
+
+
+def test_engine_and_sandbox_failures_are_infrastructure(task, chat):
+    class Broken(ScriptedPolicy):
+        def generate(self, prompt_ids, max_tokens, session=""):
+            raise EngineError("connection refused")
+
+    traj = episode(task, Broken(chat, {}), chat)
+    assert (
+        traj.exit_reason == ExitReason.engine_error
+        and traj.excluded
+        and "connection refused" in traj.infra_failure
+    )
+    sb = DirSandbox(task.extra["repo_dir"])
+    policy = ScriptedPolicy(chat, {task.instance_id: ["```\nls\n```"]})
+    orig = sb.exec
+    calls = []
+
+    def flaky(cmd, timeout_s=None):
+        calls.append(cmd)
+        if cmd == "ls":
+            raise __import__("swe_megatron.sandbox.base", fromlist=["x"]).SandboxError("bwrap died")
+        return orig(cmd, timeout_s)
+
+    sb.exec = flaky
+    traj = episode(task, policy, chat, sb=sb)
+    assert traj.exit_reason == ExitReason.sandbox_error and traj.excluded
+
+
+def test_tiny_random_model_episode_keeps_provenance(task, chat):
+    from swe_megatron.engine.hf import TransformersEngine, tiny_qwen2
+
+    model = tiny_qwen2(ModelConfig(tie_word_embeddings=True, num_layers=1), seed=0)
+    engine = TransformersEngine(model, chat.eos_id, seed=1)
+    traj = episode(task, engine, chat, t_max=3, max_tokens_per_turn=12)
+    assert traj.exit_reason == ExitReason.turn_limit and traj.malformed_turns == [0, 1, 2]
+    assert not traj.drifted
+    traj.check()
+    acts = [lp for lp, m in zip(traj.logprobs, traj.action_mask) if m]
+    assert len(acts) >= 3 and all(lp < 0 for lp in acts)

