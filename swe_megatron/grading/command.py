@@ -1,0 +1,139 @@
+"""`swe-megatron grade --tasks FILE --predictions FILE [--sandbox bwrap] [--workers N] [--out REPORT.json]`.
+
+Grades SWE-bench predictions against local tasks in sandboxes and writes the report JSON atomically
+(swe_megatron/grading/report.py describes it). Per-instance logs go to --log-dir/<instance_id>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from swe_megatron.errors import UsageError
+from swe_megatron.grading.grader import TaskGradingError, grade_many, task_grading
+from swe_megatron.grading.report import PredictionsError, build_report, load_predictions, write_report
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from swe_megatron.config.load import load_config
+    from swe_megatron.sandbox import make_sandbox
+
+    overrides = list(args.overrides)
+    if args.sandbox:
+        overrides.append(f"sandbox.backend={args.sandbox}")
+    cfg = load_config(args.config, overrides).sandbox
+    try:
+        predictions = load_predictions(args.predictions)
+    except PredictionsError as e:
+        raise UsageError(str(e)) from None
+    tasks = load_tasks_for_grading(args.tasks)
+    by_id = {t.instance_id: t for t in tasks}
+    unknown = [iid for iid in predictions if iid not in by_id]
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else "")
+        raise UsageError(
+            f"predictions {args.predictions}: instance ids not in tasks file {args.tasks}: {shown}"
+        )
+    base_dir = Path(args.tasks).resolve().parent
+    for iid in predictions:
+        try:
+            task_grading(by_id[iid], base_dir)
+        except TaskGradingError as e:
+            raise UsageError(f"tasks file {args.tasks}: {e}") from None
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+
+    out = Path(args.out) if args.out else Path(args.predictions).with_suffix(".report.json")
+    log_root = Path(args.log_dir) if args.log_dir else out.with_name(out.name.removesuffix(".json") + ".logs")
+    jobs = [(by_id[iid], p["model_patch"], log_root / _safe(iid)) for iid, p in predictions.items()]
+    done = [0]
+
+    def progress(r) -> None:
+        done[0] += 1
+        why = f" ({r.reason})" if r.reason else ""
+        print(
+            f"[{done[0]}/{len(jobs)}] {r.instance_id}: {r.status}{why} {r.duration_s:.1f} s", file=sys.stderr
+        )
+
+    results = grade_many(
+        jobs,
+        lambda spec: make_sandbox(spec, cfg),
+        workers=args.workers,
+        on_result=progress,
+        base_dir=base_dir,
+        test_timeout_s=float(args.timeout if args.timeout is not None else cfg.grade_timeout_s),
+    )
+    report = build_report(results, by_id, predictions)
+    write_report(report, out)
+    print(
+        f"resolved {report['resolved_instances']}/{report['submitted_instances']}, "
+        f"unresolved {report['unresolved_instances']}, empty {report['empty_patch_instances']}, "
+        f"errors {report['error_instances']}; report: {out}"
+    )
+    return 0
+
+
+def load_tasks_for_grading(path: str):
+    """Tasks of a tasks file through the task loader (swe_megatron/tasks/load.py); a file that cannot be
+    read or a malformed row ends in one clear error (UsageError) naming the file, line and field."""
+    from swe_megatron.tasks.load import load_tasks
+
+    try:
+        return load_tasks(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(str(e)) from None
+
+
+def _safe(instance_id: str) -> str:
+    return instance_id.replace("/", "__").replace("\0", "")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the grade subcommand."""
+    p = sub.add_parser(
+        "grade",
+        help="grade SWE-bench predictions (JSONL) against tasks in sandboxes; write a report JSON",
+        description="Sanitise each model patch, apply it, restore the tests, run them in a fresh sandbox and "
+        "decide with swebench's log parsers. Infrastructure failures go to error_ids, never unresolved_ids.",
+    )
+    p.add_argument(
+        "--tasks",
+        required=True,
+        metavar="FILE",
+        help="tasks file (SWE-bench JSONL/parquet, e.g. data/tasks/test.jsonl)",
+    )
+    p.add_argument(
+        "--predictions",
+        required=True,
+        metavar="FILE",
+        help="JSONL of {instance_id, model_name_or_path, model_patch}",
+    )
+    p.add_argument(
+        "--sandbox",
+        choices=["bwrap", "apptainer", "local"],
+        help="sandbox backend (default: the config's sandbox.backend)",
+    )
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="concurrent graders (default 1)")
+    p.add_argument(
+        "--out", metavar="REPORT.json", help="report path (default: PREDICTIONS with .report.json)"
+    )
+    p.add_argument(
+        "--log-dir", metavar="DIR", help="per-instance logs (default: next to the report, REPORT.logs/)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="test-command limit in seconds (default sandbox.grade_timeout_s)",
+    )
+    p.add_argument(
+        "--config", default="embedded", metavar="CONFIG", help="preset or YAML the sandbox settings come from"
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted config overrides, e.g. sandbox.memory_mb=4096",
+    )
+    p.set_defaults(func=_grade)

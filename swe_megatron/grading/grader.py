@@ -1,0 +1,582 @@
+"""Grade one model patch for one task: sanitise, apply, restore tests, run them in a fresh sandbox, decide.
+
+    result = grade_one(task, patch, lambda spec: make_sandbox(spec, cfg.sandbox), log_dir="runs/x/grade/0")
+    result.reward  # 1.0 resolved, 0.0 unresolved or empty, None for an infrastructure error
+
+The decision is swebench's own (`get_eval_report` with the task's log parser) on a log whose markers the
+harness writes; for pytest tasks the harness's record of the run (pytest_record.py) must agree.
+
+What counts as what (design.md invariant 4):
+- error (excluded, never a 0): the sandbox failed (SandboxError), a harness step timed out, the task
+  cannot be graded (no test command, the test patch does not apply), or a bug in the harness. The
+  sanitiser keeps the patch away from everything the harness steps before the tests depend on (test
+  files and their folders, .git), so a patch cannot steer grading into this bucket; during the tests
+  the sandbox's limits end runaway code with an ordinary exit, not a SandboxError (invariant 7).
+- unresolved (reward 0): the patch did not apply; the tests failed; the test process was killed or
+  ended before pytest finished; the printed results disagree with the harness record; the tests ran
+  past the test timeout. A suite that only hangs because of the patch must not be excluded as
+  "infrastructure", or hanging becomes a way to dodge a 0 on hard tasks; the timeout is generous
+  (sandbox.grade_timeout_s, minutes against suites of seconds) so load alone does not reach it.
+- empty_patch (reward 0): nothing left to apply after sanitising, or the patch did not parse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from unidiff import PatchSet
+
+from swe_megatron.grading import eval_script
+from swe_megatron.grading.sanitize import DroppedFile, sanitize_patch, task_test_paths
+from swe_megatron.grading.swebench_light import import_swebench_grading
+from swe_megatron.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_megatron.tasks.schema import Task
+
+SandboxFactory = Callable[[SandboxSpec], Sandbox]
+"""Makes a new, not yet started sandbox (e.g. `lambda spec: make_sandbox(spec, cfg.sandbox)`)."""
+
+RESOLVED, UNRESOLVED, EMPTY_PATCH, ERROR = "resolved", "unresolved", "empty_patch", "error"
+PYTEST_PARSERS = frozenset({"parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"})
+DEFAULT_LOG_PARSER = "parse_log_pytest"
+GRADE_DIR = ".git/swe_megatron_grade"
+"""Harness files inside the sandbox's repository (git ignores .git; the sanitiser drops edits under it)."""
+_PLUGIN_SOURCE = Path(__file__).with_name("pytest_record.py")
+
+
+class GradingInfraError(Exception):
+    """A grading step outside the model's control failed: the result is an error, never a 0."""
+
+
+class TaskGradingError(ValueError):
+    """The task lacks what grading needs (repository, test command, a valid log parser)."""
+
+
+@dataclass
+class GradeResult:
+    """The outcome of grading one patch for one task."""
+
+    instance_id: str
+    """The task."""
+    status: str
+    """resolved | unresolved | empty_patch | error."""
+    reason: str = ""
+    """Why it is not resolved (one line); for errors, the infrastructure failure."""
+    tests_status: dict[str, Any] | None = None
+    """swebench's FAIL_TO_PASS / PASS_TO_PASS success and failure lists (None when the tests did not run)."""
+    dropped: list[DroppedFile] = field(default_factory=list)
+    """Edits the sanitiser removed from the patch."""
+    suspicious: list[str] = field(default_factory=list)
+    """Kept added lines that mention the test runner or os._exit (reported, not acted on)."""
+    applied_with: str | None = None
+    """The apply command that worked."""
+    log_path: str | None = None
+    """The test log swebench graded (with the harness's markers), when the tests ran."""
+    duration_s: float = 0.0
+    """Wall-clock seconds of the whole grading."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase: start (sandbox), apply (patch and test patch), tests, stop."""
+
+    @property
+    def resolved(self) -> bool:
+        """All FAIL_TO_PASS and PASS_TO_PASS tests pass."""
+        return self.status == RESOLVED
+
+    @property
+    def error(self) -> str | None:
+        """The infrastructure failure, or None when the grading itself worked."""
+        return self.reason if self.status == ERROR else None
+
+    @property
+    def reward(self) -> float | None:
+        """1.0 resolved, 0.0 unresolved or empty; None for errors (exclude the trajectory, invariant 4)."""
+        return None if self.status == ERROR else float(self.status == RESOLVED)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the grade report's per-instance entry)."""
+        d = asdict(self)
+        d["resolved"] = self.resolved
+        d["reward"] = self.reward
+        return d
+
+
+@dataclass
+class TaskGrading:
+    """What grading needs from a task, checked and resolved to host paths."""
+
+    spec: SandboxSpec
+    """Sandbox to grade in."""
+    test_cmd: str
+    """Test command run at the workdir."""
+    log_parser: str
+    """swebench parser name (PARSER_REGISTRY)."""
+    eval_type: str
+    """swebench EvalType value."""
+    require_record: bool
+    """pytest run: the harness record must exist and agree with the log."""
+    protected: set[str]
+    """Paths the model patch may not touch (the task's test files)."""
+    existing_test_files: list[str]
+    """Test-patch files that exist at base_commit (checked out before the test patch)."""
+
+
+def task_grading(task: Task, base_dir: str | Path | None = None) -> TaskGrading:
+    """Read a task's grading fields (Task.extra: repo_dir, env_dir, test_cmd, test_files, optional
+    log_parser, eval_type, image); relative paths are taken from base_dir (the tasks file's folder)."""
+    extra = task.extra or {}
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+
+    def host_path(key: str) -> str | None:
+        value = extra.get(key)
+        if not value:
+            return None
+        path = Path(value)
+        return str(path if path.is_absolute() else (base / path).resolve())
+
+    repo_dir, env_dir, image = host_path("repo_dir"), host_path("env_dir"), extra.get("image") or None
+    if repo_dir is None and image is None:
+        raise TaskGradingError(f"task {task.instance_id} has no extra.repo_dir (or extra.image) to grade in")
+    test_cmd = extra.get("test_cmd")
+    if not test_cmd or not isinstance(test_cmd, str):
+        raise TaskGradingError(f"task {task.instance_id} has no extra.test_cmd")
+    log_parser = extra.get("log_parser") or DEFAULT_LOG_PARSER
+    _, log_parsers, constants = import_swebench_grading()
+    if log_parser not in log_parsers.PARSER_REGISTRY:
+        raise TaskGradingError(f"task {task.instance_id}: unknown log parser {log_parser!r}")
+    eval_type = extra.get("eval_type") or constants.EvalType.PASS_AND_FAIL.value
+    try:
+        constants.EvalType(eval_type)
+    except ValueError:
+        raise TaskGradingError(f"task {task.instance_id}: unknown eval_type {eval_type!r}") from None
+    try:
+        test_files = list(extra.get("test_files") or [])
+        protected = task_test_paths(task.test_patch, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS], test_files)
+        existing = [
+            pf.source_file[2:] if pf.source_file.startswith("a/") else pf.source_file
+            for pf in PatchSet(_with_newline(task.test_patch))
+            if pf.source_file != "/dev/null"
+        ]
+    except Exception as e:
+        raise TaskGradingError(f"task {task.instance_id}: test_patch does not parse: {e}") from None
+    return TaskGrading(
+        spec=SandboxSpec(repo_dir=repo_dir or "", env_dir=env_dir, image=image),
+        test_cmd=test_cmd,
+        log_parser=log_parser,
+        eval_type=eval_type,
+        require_record=log_parser in PYTEST_PARSERS and extra.get("harness_record", True) is not False,
+        protected=protected,
+        existing_test_files=sorted(set(existing)),
+    )
+
+
+def grade_one(
+    task: Task,
+    patch: str | None,
+    sandbox_factory: SandboxFactory,
+    *,
+    base_dir: str | Path | None = None,
+    log_dir: str | Path | None = None,
+    test_timeout_s: float = 900.0,
+    step_timeout_s: float = 120.0,
+    output_cap_bytes: int = 8 << 20,
+    skip_empty: bool = True,
+) -> GradeResult:
+    """Grade `patch` (a unified diff, "" or None for none) against `task` in a new sandbox.
+
+    base_dir: folder relative task paths are taken from; log_dir: where this grading's files go (a fresh
+    temporary folder when None; give each concurrent grading its own); test_timeout_s: limit of the test
+    command (past it: unresolved); step_timeout_s: limit of each harness step (past it: error);
+    skip_empty: do not start a sandbox for an empty patch (it is empty_patch, reward 0).
+    """
+    t0 = time.monotonic()
+    iid = task.instance_id
+    logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="swe-grade-"))
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def done(status: str, reason: str = "", **kw: Any) -> GradeResult:
+        result = GradeResult(iid, status, reason, duration_s=time.monotonic() - t0, **kw)
+        _write_text(logs / "result.json", json.dumps(result.to_dict(), indent=2, default=str))
+        return result
+
+    try:
+        tg = task_grading(task, base_dir)
+    except TaskGradingError as e:
+        return done(ERROR, f"task cannot be graded: {e}")
+    clean = sanitize_patch(patch, tg.protected)
+    _write_text(logs / "model.patch", patch or "")
+    _write_text(logs / "sanitized.patch", clean.patch)
+    common = {"dropped": clean.dropped, "suspicious": clean.suspicious}
+    if clean.is_empty and skip_empty:
+        if clean.parse_error:
+            reason = clean.parse_error
+        elif clean.dropped:
+            reason = "empty after sanitising (every edit touched a protected file)"
+        else:
+            reason = "empty patch"
+        return done(EMPTY_PATCH, reason, **common)
+    try:
+        run = _run_in_sandbox(
+            task, tg, clean.patch, sandbox_factory, logs, test_timeout_s, step_timeout_s, output_cap_bytes
+        )
+        if run.apply_failed:
+            return done(UNRESOLVED, "patch did not apply", timings=run.timings, **common)
+        resolved, tests_status, reason = decide(task, tg, run.log_path, run.record, clean.patch)
+    except (SandboxError, GradingInfraError) as e:
+        return done(ERROR, f"infrastructure: {e}", **common)
+    except Exception as e:  # a harness bug is not the model's failure either
+        _write_text(logs / "harness_error.txt", traceback.format_exc())
+        return done(ERROR, f"infrastructure: grading crashed: {type(e).__name__}: {e}", **common)
+    if not resolved and run.timed_out:
+        reason = f"tests ran past the {test_timeout_s:.0f} s test timeout"
+    return done(
+        RESOLVED if resolved else UNRESOLVED,
+        reason,
+        tests_status=tests_status,
+        applied_with=run.applied_with,
+        timings=run.timings,
+        log_path=str(run.log_path),
+        **common,
+    )
+
+
+def grade_many(
+    jobs: list[tuple[Task, str | None, str | Path | None]],
+    sandbox_factory: SandboxFactory,
+    *,
+    workers: int = 1,
+    on_result: Callable[[GradeResult], None] | None = None,
+    **kwargs: Any,
+) -> list[GradeResult]:
+    """Grade (task, patch, log_dir) jobs with `workers` concurrent graders; results in job order.
+
+    kwargs go to grade_one; on_result is called (from the calling thread) as each grading finishes.
+    """
+    if workers <= 1:
+        results = []
+        for task, patch, log_dir in jobs:
+            results.append(grade_one(task, patch, sandbox_factory, log_dir=log_dir, **kwargs))
+            if on_result:
+                on_result(results[-1])
+        return results
+    out: list[GradeResult | None] = [None] * len(jobs)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grader") as pool:
+        futures = {
+            pool.submit(grade_one, task, patch, sandbox_factory, log_dir=log_dir, **kwargs): i
+            for i, (task, patch, log_dir) in enumerate(jobs)
+        }
+        for fut in as_completed(futures):
+            out[futures[fut]] = fut.result()
+            if on_result:
+                on_result(fut.result())
+    return out  # type: ignore[return-value]
+
+
+@dataclass
+class _Run:
+    apply_failed: bool = False
+    applied_with: str | None = None
+    log_path: Path | None = None
+    record: dict[str, Any] | None = None
+    timed_out: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _run_in_sandbox(
+    task: Task,
+    tg: TaskGrading,
+    patch: str,
+    factory: SandboxFactory,
+    logs: Path,
+    test_timeout_s: float,
+    step_timeout_s: float,
+    output_cap_bytes: int,
+) -> _Run:
+    """Start a sandbox, apply, restore tests, run them; return what the host needs to decide."""
+    workdir = tg.spec.workdir.rstrip("/")
+    rel = f"{GRADE_DIR}/{secrets.token_hex(8)}"
+    d = f"{workdir}/{rel}"
+    apply_log: list[str] = []
+    run = _Run()
+    clock = time.monotonic()
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        run.timings[phase] = round(now - clock, 4)
+        clock = now
+
+    sandbox = factory(tg.spec)
+    try:
+        sandbox.start()
+        lap("start")
+
+        def step(command: str, what: str):
+            res = sandbox.exec(f"cd {workdir} && {command}", timeout_s=step_timeout_s)
+            if res.timed_out:
+                raise GradingInfraError(f"{what} timed out after {step_timeout_s:.0f} s")
+            return res
+
+        script = eval_script.test_script(
+            tg.test_cmd,
+            workdir,
+            d,
+            test_timeout_s,
+            pytest_summary=tg.log_parser in PYTEST_PARSERS,
+            record=tg.require_record,
+            output_cap_bytes=output_cap_bytes,
+        )
+        sandbox.write_file(f"{rel}/eval.sh", script.encode())
+        _write_text(logs / "eval.sh", script)
+        if task.test_patch.strip():
+            sandbox.write_file(f"{rel}/test.diff", _with_newline(task.test_patch).encode())
+        if tg.require_record:
+            # On PYTHONPATH, and at the repository root for `python -m pytest` runs whose command sets
+            # its own PYTHONPATH (the sanitiser keeps patches off this name).
+            plugin = _PLUGIN_SOURCE.read_bytes()
+            sandbox.write_file(f"{rel}/plugin/{eval_script.PLUGIN_MODULE}.py", plugin)
+            sandbox.write_file(f"{eval_script.PLUGIN_MODULE}.py", plugin)
+            record_name = f"out/{secrets.token_hex(8)}.json"
+            sandbox.write_file(f"{rel}/token", f"{d}/{record_name}".encode())
+
+        if patch.strip():
+            sandbox.write_file(f"{rel}/model.diff", patch.encode())
+            run.applied_with = _apply_model_patch(step, f"{d}/model.diff", _patch_paths(patch), apply_log)
+            if run.applied_with is None:
+                run.apply_failed = True
+                _write_text(logs / "apply.log", "".join(apply_log))
+                return run
+
+        res = step(
+            eval_script.restore_tests_command(
+                task.base_commit,
+                tg.existing_test_files,
+                f"{d}/test.diff" if task.test_patch.strip() else None,
+            ),
+            "restoring the test files",
+        )
+        apply_log.append(
+            f"$ restore test files and apply test_patch\n{_text(res.output)}exit {res.exit_code}\n"
+        )
+        _write_text(logs / "apply.log", "".join(apply_log))
+        if res.exit_code != 0:
+            raise GradingInfraError(
+                f"the test patch did not apply (task broken?): {_text(res.output)[-400:]}"
+            )
+
+        # The model's code runs from here on: what it leaves behind is its outcome, not an error.
+        lap("apply")
+        res = sandbox.exec(
+            f"bash --noprofile --norc {d}/eval.sh",
+            timeout_s=test_timeout_s + eval_script.KILL_AFTER_S + step_timeout_s,
+        )
+        if res.timed_out:
+            raise GradingInfraError("the eval script outlived its test timeout (harness timeout)")
+        if res.exit_code in eval_script.SETUP_EXIT_CODES:  # it stopped before starting the tests
+            raise GradingInfraError(
+                f"the eval script could not set up (exit {res.exit_code}): {_text(res.output)[-400:]}"
+            )
+        lap("tests")
+        elapsed = run.timings["tests"]
+
+        exit_code = _read_optional(sandbox, f"{rel}/exit_code")
+        output = _read_optional(sandbox, f"{rel}/test_output.txt") or b""
+        cut = _read_optional(sandbox, f"{rel}/cut_bytes")
+        record_raw = _read_optional(sandbox, f"{rel}/{record_name}") if tg.require_record else None
+    finally:
+        try:
+            sandbox.stop()
+        except Exception as e:  # cleanup trouble does not change what the tests said
+            _write_text(logs / "stop_error.txt", f"{type(e).__name__}: {e}\n")
+        lap("stop")
+
+    code = _parse_int(exit_code)
+    run.timed_out = code in eval_script.TIMEOUT_EXIT_CODES and elapsed >= test_timeout_s * 0.95
+    run.record = _parse_record(record_raw)
+    if record_raw is not None:
+        _write_bytes(logs / "record.json", record_raw)
+    run.log_path = logs / "test_output.txt"
+    _write_text(run.log_path, compose_log(_text(output), code, run.timed_out, _parse_int(cut)))
+    return run
+
+
+def _apply_model_patch(
+    step: Callable, patch_path: str, touched: list[str], apply_log: list[str]
+) -> str | None:
+    """SWE-bench's apply chain, the touched files reset between attempts; the command that worked, or None."""
+    for i, cmd in enumerate(eval_script.GIT_APPLY_CMDS):
+        if i:
+            step(eval_script.reset_command(touched), "resetting after a failed apply")
+        res = step(eval_script.apply_command(cmd, patch_path), "applying the patch")
+        apply_log.append(f"$ {cmd}\n{_text(res.output)}exit {res.exit_code}\n")
+        if res.exit_code == 0:
+            return cmd
+    # The chain can leave the patch fully applied while each command exited non-zero (SWE-bench's check).
+    if step(eval_script.reverse_check_command(patch_path), "checking the patch").exit_code == 0:
+        return "already applied"
+    return None
+
+
+def compose_log(test_output: str, exit_code: int | None, timed_out: bool, cut_bytes: int | None) -> str:
+    """The log swebench grades: the test output between markers the harness writes, then its exit status.
+
+    Marker-like text in what the tests printed is defused, so only these markers count; the apply
+    output is kept out (logged in apply.log) so no file name a patch chooses reaches the parser.
+    """
+    _, _, c = import_swebench_grading()
+    parts = [c.START_TEST_OUTPUT + "\n"]
+    if cut_bytes:
+        parts.append(f"[harness: the first {cut_bytes} bytes of test output were cut]\n")
+    body = _defuse(test_output)
+    parts.append(body if body.endswith("\n") or not body else body + "\n")
+    parts.append(c.END_TEST_OUTPUT + "\n")
+    if exit_code is None:
+        parts.append("[harness: the test command's exit status was not recorded]\n")
+    else:
+        parts.append(f"{c.TEST_EXIT_CODE}: {exit_code}\n")
+    if timed_out:
+        parts.append(c.TESTS_TIMEOUT + "\n")
+    return "".join(parts)
+
+
+def decide(
+    task: Task, tg: TaskGrading, log_path: str | Path, record: dict[str, Any] | None, model_patch: str
+) -> tuple[bool, dict[str, Any] | None, str]:
+    """(resolved, swebench tests_status, reason) from the composed log and, for pytest, the harness record."""
+    grading, _, _ = import_swebench_grading()
+    from swebench.types import TestSpec
+
+    spec = TestSpec(
+        instance_id=task.instance_id,
+        image="",
+        eval_script_list=[],
+        repo=task.repo,
+        version=task.version,
+        FAIL_TO_PASS=list(task.FAIL_TO_PASS),
+        PASS_TO_PASS=list(task.PASS_TO_PASS),
+        log_parser=tg.log_parser,
+        eval_type=tg.eval_type,
+    )
+    prediction = {"instance_id": task.instance_id, "model_name_or_path": "", "model_patch": model_patch or ""}
+    report = grading.get_eval_report(spec, prediction, str(log_path), include_tests_status=True)[
+        task.instance_id
+    ]
+    tests_status = report.get("tests_status")
+    resolved = bool(report["resolved"])
+    if not report["patch_successfully_applied"]:
+        reason = "no test results in the log"
+        if report.get("infra_failure_reason"):
+            reason += f" (swebench's hint: {report['infra_failure_reason']})"
+    elif not resolved:
+        reason = _failures(tests_status)
+    else:
+        reason = ""
+    if tg.require_record:
+        veto = record_veto(task, tg.eval_type, record)
+        if veto:
+            if resolved:
+                reason = veto
+            resolved = False
+    return resolved, tests_status, reason
+
+
+def record_veto(task: Task, eval_type: str, record: dict[str, Any] | None) -> str | None:
+    """Why the harness record does not support "resolved" (None when it does).
+
+    The record's outcomes go through swebench's own report with one stricter rule: an expected failure
+    (xfail) counts as skipped, so a FAIL_TO_PASS test must really pass (a patch calling pytest.xfail()
+    from library code cannot turn failures into passes).
+    """
+    grading, _, c = import_swebench_grading()
+    if not record or not record.get("finished"):
+        return (
+            "the test process ended before pytest finished (no harness record); printed results not trusted"
+        )
+    status_map = {k: ("SKIPPED" if v == "XFAIL" else v) for k, v in (record.get("tests") or {}).items()}
+    ref = {"FAIL_TO_PASS": list(task.FAIL_TO_PASS), "PASS_TO_PASS": list(task.PASS_TO_PASS)}
+    report = grading.get_eval_tests_report(status_map, ref, eval_type=c.EvalType(eval_type))
+    if grading.get_resolution_status(report) != c.ResolvedStatus.FULL.value:
+        return "the harness record disagrees with the printed results: " + _failures(report)
+    return None
+
+
+def _failures(tests_status: dict[str, Any] | None, limit: int = 5) -> str:
+    if not tests_status:
+        return "tests did not pass"
+    out = []
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        failed = tests_status.get(key, {}).get("failure", [])
+        if failed:
+            more = f" (+{len(failed) - limit} more)" if len(failed) > limit else ""
+            out.append(f"{key} failing: {', '.join(failed[:limit])}{more}")
+    return "; ".join(out) or "tests did not pass"
+
+
+_MARKER = re.compile(r">>>>>")
+
+
+def _defuse(text: str) -> str:
+    return _MARKER.sub(">>>> >", text)
+
+
+def _patch_paths(patch: str) -> list[str]:
+    """Repository paths a (sanitised, git-style) patch touches, prefix stripped."""
+    paths = set()
+    for pf in PatchSet(_with_newline(patch)):
+        for name in (pf.source_file, pf.target_file):
+            if name and name != "/dev/null":
+                paths.add(name.split("/", 1)[1] if "/" in name else name)
+    return sorted(paths)
+
+
+def _read_optional(sandbox: Sandbox, path: str) -> bytes | None:
+    """A file the test run should have left; None when it is missing or was tampered with (the model's
+    code ran before this, so that is its outcome). SandboxError still propagates as infrastructure."""
+    try:
+        return sandbox.read_file(path)
+    except SandboxError:
+        raise
+    except OSError:
+        return None
+
+
+def _parse_int(raw: bytes | None) -> int | None:
+    try:
+        return int(raw.decode().strip()) if raw is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _parse_record(raw: bytes | None) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw) if raw is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _with_newline(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    _write_bytes(path, text.encode("utf-8", errors="replace"))
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -1,0 +1,141 @@
+"""Predictions in, grade report out (SWE-bench's formats, plus what the sanitiser dropped per instance).
+
+Predictions: JSONL, one {"instance_id", "model_name_or_path", "model_patch"} per line (model_patch may be
+null or ""). A JSON list of such objects is accepted too. The report keeps SWE-bench's run-report keys
+(resolved_ids, unresolved_ids, error_ids, empty_patch_ids, counts) and adds `instances`: per instance
+the status, reason, FAIL_TO_PASS/PASS_TO_PASS success/failure lists, dropped files and log path.
+
+Where this differs from SWE-bench: a patch that does not apply is unresolved (it is the model's
+failure; SWE-bench files it under errors), and error_ids holds infrastructure failures only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from swe_megatron.grading.grader import EMPTY_PATCH, ERROR, RESOLVED, UNRESOLVED, GradeResult
+
+SCHEMA = "swe_megatron.grade_report/1"
+
+
+class PredictionsError(ValueError):
+    """The predictions file is missing or malformed; the message names the file, line and fix."""
+
+
+def load_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
+    """instance_id -> prediction, in file order; PredictionsError for any malformed row or duplicate id."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PredictionsError(f"predictions file {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise PredictionsError(f"predictions file {path}: not UTF-8 text") from None
+    rows: list[tuple[int, Any]] = []
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PredictionsError(f"predictions file {path}: not valid JSON ({e})") from None
+        rows = [(i + 1, row) for i, row in enumerate(data)]
+        where = "item"
+    else:
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise PredictionsError(
+                    f"predictions file {path} line {n}: not valid JSON ({e.msg})"
+                ) from None
+        where = "line"
+    if not rows:
+        raise PredictionsError(f"predictions file {path}: no predictions in it")
+    out: dict[str, dict[str, Any]] = {}
+    for n, row in rows:
+        at = f"predictions file {path} {where} {n}"
+        if not isinstance(row, dict):
+            raise PredictionsError(
+                f"{at}: expected an object with instance_id, model_name_or_path, model_patch"
+            )
+        iid = row.get("instance_id")
+        if not isinstance(iid, str) or not iid:
+            raise PredictionsError(f"{at}: missing or empty instance_id")
+        if "model_patch" not in row:
+            raise PredictionsError(f'{at}: missing model_patch (use "" or null for no patch)')
+        if row["model_patch"] is not None and not isinstance(row["model_patch"], str):
+            raise PredictionsError(f"{at}: model_patch must be a string or null")
+        if iid in out:
+            raise PredictionsError(f"{at}: instance_id {iid!r} appears twice")
+        out[iid] = {
+            "instance_id": iid,
+            "model_name_or_path": str(row.get("model_name_or_path") or ""),
+            "model_patch": row["model_patch"] or "",
+        }
+    return out
+
+
+def build_report(
+    results: Iterable[GradeResult], task_ids: Iterable[str], predictions: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The run report: SWE-bench's id lists and counts, plus per-instance details."""
+    results = sorted(results, key=lambda r: r.instance_id)
+    by_status: dict[str, list[str]] = {s: [] for s in (RESOLVED, UNRESOLVED, EMPTY_PATCH, ERROR)}
+    for r in results:
+        by_status[r.status].append(r.instance_id)
+    task_ids = sorted(set(task_ids))
+    graded = {r.instance_id for r in results}
+    completed = sorted(graded - set(by_status[ERROR]) - set(by_status[EMPTY_PATCH]))
+    models = sorted({str(p.get("model_name_or_path", "")) for p in predictions.values()} - {""})
+    instances = {}
+    for r in results:
+        d = r.to_dict()
+        d.pop("instance_id")
+        d["dropped"] = [{"path": x.path, "reason": x.reason} for x in r.dropped]
+        ts = d.pop("tests_status") or {}
+        d["FAIL_TO_PASS"] = ts.get("FAIL_TO_PASS")
+        d["PASS_TO_PASS"] = ts.get("PASS_TO_PASS")
+        instances[r.instance_id] = d
+    return {
+        "schema": SCHEMA,
+        "model_name_or_path": models[0] if len(models) == 1 else models,
+        "total_instances": len(task_ids),
+        "submitted_instances": len(predictions),
+        "completed_instances": len(completed),
+        "resolved_instances": len(by_status[RESOLVED]),
+        "unresolved_instances": len(by_status[UNRESOLVED]),
+        "empty_patch_instances": len(by_status[EMPTY_PATCH]),
+        "error_instances": len(by_status[ERROR]),
+        "completed_ids": completed,
+        "incomplete_ids": sorted(set(task_ids) - graded),
+        "submitted_ids": sorted(predictions),
+        "resolved_ids": by_status[RESOLVED],
+        "unresolved_ids": by_status[UNRESOLVED],
+        "empty_patch_ids": by_status[EMPTY_PATCH],
+        "error_ids": by_status[ERROR],
+        "dropped_files": sum(len(r.dropped) for r in results),
+        "instances": instances,
+    }
+
+
+def write_report(report: Mapping[str, Any], path: str | Path) -> Path:
+    """Write the report as JSON atomically (a temporary file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,169 @@
+"""The sanitiser drops every edit that could change how a patch is graded, and keeps ordinary ones intact."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from tiny_task import GOLD_PATCH, TEST_PATCH, diff, git
+
+from swe_megatron.grading.sanitize import sanitize_patch, task_test_paths
+
+SRC = "def f():\n    return 1\n"
+SRC2 = "def f():\n    return 2\n"
+
+
+def edit(path: str, old: str | None = SRC, new: str | None = SRC2) -> str:
+    return diff((path, old, new))
+
+
+def test_ordinary_edit_is_kept_byte_for_byte():
+    clean = sanitize_patch(GOLD_PATCH)
+    assert clean.patch == GOLD_PATCH
+    assert clean.kept == ["calc/ops.py"] and not clean.dropped and clean.parse_error is None
+
+
+@pytest.mark.parametrize(
+    "path, reason",
+    [
+        ("tests/test_x.py", "test file"),
+        ("pkg/tests/helpers.py", "test file"),
+        ("test/data/input.json", "test file"),
+        ("testing/helpers.py", "test file"),
+        ("pkg/test_util.py", "test file"),
+        ("pkg/util_test.py", "test file"),
+        ("conftest.py", "conftest.py"),
+        ("src/pkg/conftest.py", "conftest.py"),
+        ("pytest.ini", "test runner config"),
+        (".pytest.ini", "test runner config"),
+        ("tox.ini", "test runner config"),
+        ("setup.cfg", "test runner config"),
+        ("pyproject.toml", "test runner config"),
+        ("sub/pyproject.toml", "test runner config"),
+        ("noxfile.py", "test runner config"),
+        ("evil.pth", "interpreter start-up hook"),
+        ("sitecustomize.py", "interpreter start-up hook"),
+        ("lib/usercustomize.py", "interpreter start-up hook"),
+        ("pkg.egg-info/entry_points.txt", "package metadata"),
+        ("pkg-1.0.dist-info/METADATA", "package metadata"),
+        (".git/hooks/pre-commit", "git or cache internals"),
+        (".gitattributes", "git or cache internals"),
+        ("pkg/__pycache__/mod.cpython-311.pyc", "git or cache internals"),
+        ("pytest.py", "shadows the test runner or standard library"),
+        ("_pytest/runner.py", "shadows the test runner or standard library"),
+        ("json.py", "shadows the test runner or standard library"),
+        ("_swe_megatron_grade_record.py", "shadows the test runner or standard library"),
+    ],
+)
+def test_protected_paths_are_dropped(path, reason):
+    clean = sanitize_patch(edit("pkg/mod.py") + edit(path))
+    assert [(d.path, d.reason) for d in clean.dropped] == [(path, reason)]
+    assert clean.kept == ["pkg/mod.py"]
+    assert path not in clean.patch and "pkg/mod.py" in clean.patch
+
+
+def test_library_modules_with_test_like_names_elsewhere_are_kept():
+    clean = sanitize_patch(edit("pkg/testing_utils.py") + edit("pkg/json.py") + edit("pkg/contest.py"))
+    assert not clean.dropped
+
+
+@pytest.mark.parametrize("kind", ["new", "deleted"])
+def test_creating_or_deleting_protected_files_is_dropped(kind):
+    old, new = (None, "x = 1\n") if kind == "new" else ("x = 1\n", None)
+    clean = sanitize_patch(diff(("conftest.py", old, new), ("tests/test_a.py", old, new)))
+    assert clean.is_empty and {d.reason for d in clean.dropped} == {"conftest.py", "test file"}
+
+
+def test_task_test_files_and_their_folders_are_protected():
+    protected = task_test_paths(TEST_PATCH, ["checks/check_api.py::test_one"], ["spec/run_spec.py"])
+    assert {"tests/test_clamp.py", "checks/check_api.py", "spec/run_spec.py"} <= protected
+    for path in ("checks/check_api.py", "spec/run_spec.py", "checks"):
+        clean = sanitize_patch(edit(path, None, "x\n"), protected)
+        assert [d.reason for d in clean.dropped] == ["task test file"], path
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.py", "pkg/../../outside.py"])
+def test_paths_outside_the_repository_are_dropped(path):
+    patch = f"--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n".replace("a//", "/").replace("b//", "/")
+    clean = sanitize_patch(patch)
+    assert clean.is_empty and [d.reason for d in clean.dropped] == ["outside the repository"]
+
+
+def test_rename_into_a_protected_path_is_dropped():
+    patch = "diff --git a/pkg/x.py b/conftest.py\nsimilarity index 100%\nrename from pkg/x.py\nrename to conftest.py\n"
+    clean = sanitize_patch(patch)
+    assert clean.is_empty and clean.dropped[0].reason == "conftest.py"
+
+
+def test_header_rename_lines_that_disagree_with_the_file_names_are_checked():
+    patch = (
+        "diff --git a/pkg/x.py b/pkg/x.py\nsimilarity index 90%\nrename from pkg/x.py\nrename to conftest.py\n"
+        "--- a/pkg/x.py\n+++ b/pkg/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    assert sanitize_patch(patch).dropped[0].reason == "conftest.py"
+
+
+def test_unknown_header_lines_are_not_passed_to_git():
+    patch = "diff --git a/pkg/x.py b/pkg/x.py\nIndex: conftest.py\n--- a/pkg/x.py\n+++ b/pkg/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    clean = sanitize_patch(patch)
+    assert clean.kept == ["pkg/x.py"] and "Index:" not in clean.patch
+
+
+def test_binary_symlink_and_executable_changes_are_dropped():
+    binary = "diff --git a/img.png b/img.png\nnew file mode 100644\nindex 0000000..1111111\nBinary files /dev/null and b/img.png differ\n"
+    symlink = "diff --git a/link.py b/link.py\nnew file mode 120000\n--- /dev/null\n+++ b/link.py\n@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n"
+    exe = "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n"
+    new_exe = "diff --git a/go.sh b/go.sh\nnew file mode 100755\n--- /dev/null\n+++ b/go.sh\n@@ -0,0 +1 @@\n+echo hi\n"
+    clean = sanitize_patch(binary + symlink + exe + new_exe)
+    assert [d.reason for d in clean.dropped] == [
+        "binary patch",
+        "symlink",
+        "makes a file executable",
+        "makes a file executable",
+    ]
+    assert clean.is_empty
+
+
+@pytest.mark.parametrize(
+    "patch",
+    ["this is not a diff\n", "@@ -1 +1 @@\n-a\n+b\n", "--- a/x.py\n+++ b/x.py\n@@ -1,3 +1,3 @@\n-a\n"],
+)
+def test_unparseable_patch_is_empty_with_a_reason(patch):
+    clean = sanitize_patch(patch)
+    assert clean.is_empty and clean.parse_error
+
+
+@pytest.mark.parametrize("patch", [None, "", "  \n"])
+def test_no_patch_is_empty_without_error(patch):
+    clean = sanitize_patch(patch)
+    assert clean.is_empty and clean.parse_error is None and not clean.dropped
+
+
+def test_runner_references_are_reported_as_suspicious_but_kept():
+    clean = sanitize_patch(edit("pkg/mod.py", SRC, "import os, pytest\nos._exit(0)\n"))
+    assert clean.kept == ["pkg/mod.py"] and len(clean.suspicious) == 2
+
+
+def test_rebuilt_patch_applies_with_git(tmp_path):
+    """What the sanitiser keeps is still a patch git applies (the rebuild is not lossy)."""
+    repo = tmp_path / "r"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "mod.py").write_text(SRC)
+    (repo / "pkg" / "keep.txt").write_text("no newline")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "x")
+    patch = (
+        edit("pkg/mod.py")
+        + edit("conftest.py", None, "x = 1\n")
+        + diff(("pkg/keep.txt", "no newline", "still none"))
+    )
+    patch += diff(("pkg/new.py", None, "y = 2\n"))
+    clean = sanitize_patch(patch)
+    (tmp_path / "p.diff").write_text(clean.patch)
+    subprocess.run(
+        ["git", "apply", "--verbose", str(tmp_path / "p.diff")], cwd=repo, check=True, capture_output=True
+    )
+    assert (repo / "pkg" / "mod.py").read_text() == SRC2
+    assert (repo / "pkg" / "keep.txt").read_text() == "still none"
+    assert (repo / "pkg" / "new.py").exists() and not (repo / "conftest.py").exists()
