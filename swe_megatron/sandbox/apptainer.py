@@ -1,0 +1,104 @@
+"""apptainer backend (clusters): the persistent shell in `apptainer exec` of the task's read-only SIF.
+
+    [setpriv ... --]  prlimit --cpu --fsize --core=0 --
+    apptainer exec --contain --cleanenv --pid --ipc --no-home --no-mount hostfs,bind-paths,cwd
+                   --net --network none --writable-tmpfs --bind WORKSPACE:/testbed --pwd /testbed
+                   [--memory BYTES --pids-limit N]  IMAGE  <shell supervisor>
+
+One `apptainer exec` per sandbox runs the shell's supervisor (shell.py); a shell that dies is restarted
+inside the same container. The image stays read-only; writes outside /testbed land in a tmpfs overlay
+(--writable-tmpfs) and are lost if the whole sandbox restarts. --contain gives a private /tmp and /dev,
+--no-home and --no-mount keep the user's home, the cwd and the admin's `bind path` entries out, and
+`--net --network none` leaves only loopback. The apptainer CLI is the whole interface (no spython).
+
+Limits: CPU seconds and file size with prlimit; memory and processes through apptainer's cgroup flags
+when sandbox.cgroup_limits is on (cgroups v2; rootless runs need systemd delegation), otherwise only
+the Slurm job's own limits apply. Address-space and process rlimits are not used here: apptainer's
+runtime itself needs more address space, and RLIMIT_NPROC would count the job user's every process.
+
+Run as root (CI), the backend first drops to the sandbox user (whose passwd entry apptainer needs);
+on a cluster it runs as the job's user.
+
+Tests run this backend against tests/fake_apptainer/apptainer, a stand-in over bwrap that implements
+exactly the options above and refuses anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from swe_megatron.sandbox.base import SandboxError
+from swe_megatron.sandbox.shell import ShellSandbox
+from swe_megatron.sandbox.users import SandboxUser, current_user, lookup_user
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class ApptainerSandbox(ShellSandbox):
+    """A sandbox in an Apptainer container made from spec.image (a SIF, or a name in sandbox.sif_dir)."""
+
+    backend = "apptainer"
+
+    def _identity(self) -> SandboxUser:
+        return lookup_user(self.cfg.user) if os.geteuid() == 0 else current_user()
+
+    def _image(self) -> str:
+        image = self.spec.image
+        if not image:
+            raise SandboxError("the apptainer backend needs SandboxSpec.image (a SIF file)")
+        path = Path(image)
+        if not path.is_absolute() and self.cfg.sif_dir:
+            path = Path(self.cfg.sif_dir) / path
+        if not path.exists():
+            raise SandboxError(
+                f"image {path} not found (SandboxSpec.image, sandbox.sif_dir={self.cfg.sif_dir!r})"
+            )
+        return str(path.resolve())
+
+    def _process_limit(self) -> int | None:
+        return self.cfg.max_processes if self.cfg.cgroup_limits else None
+
+    def _prepare(self) -> None:
+        search = os.environ.get("PATH", SAFE_PATH)  # the user's PATH: tests put the stand-in first
+        self._apptainer = shutil.which("apptainer", path=search)
+        if self._apptainer is None:
+            raise SandboxError(
+                "apptainer is not installed (no `apptainer` on PATH); on a laptop use sandbox.backend=bwrap"
+            )
+        self._tools = {name: shutil.which(name, path=SAFE_PATH) for name in ("setpriv", "prlimit")}
+        if self._tools["prlimit"] is None or (os.geteuid() == 0 and self._tools["setpriv"] is None):
+            raise SandboxError(
+                "setpriv/prlimit (util-linux) not installed: run tools/sandbox_setup.sh as root"
+            )
+        self._image_path = self._image()
+
+    def _launch(self) -> tuple[list[str], dict[str, str]]:
+        cfg, spec, user = self.cfg, self.spec, self.user
+        argv: list[str] = []
+        if os.geteuid() == 0:
+            argv += [
+                self._tools["setpriv"],
+                f"--reuid={user.uid}",
+                f"--regid={user.gid}",
+                "--clear-groups",
+                "--",
+            ]
+        argv += [
+            self._tools["prlimit"],
+            f"--cpu={cfg.cpu_seconds}:{cfg.cpu_seconds + 2}",  # SIGXCPU at the limit, SIGKILL 2 s later
+            f"--fsize={cfg.max_file_mb << 20}",
+            "--core=0",
+        ]
+        argv += ["--", self._apptainer, "exec", "--contain", "--cleanenv", "--pid", "--ipc", "--no-home"]
+        argv += ["--no-mount", "hostfs,bind-paths,cwd", "--net", "--network", "none", "--writable-tmpfs"]
+        argv += ["--bind", f"{self.workspace.repo}:{spec.workdir}", "--pwd", spec.workdir]
+        if cfg.cgroup_limits:
+            argv += ["--memory", str(cfg.memory_mb << 20), "--pids-limit", str(cfg.max_processes)]
+        argv.append(self._image_path)
+        home = "/nonexistent"
+        if os.geteuid() != 0:
+            home = os.environ.get("HOME", home)
+        env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": home, "USER": user.name, "LOGNAME": user.name}
+        return argv, env

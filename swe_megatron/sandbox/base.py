@@ -1,0 +1,77 @@
+"""The sandbox protocol: where agent commands and grading run. Backends: bwrap, apptainer, local.
+
+Agent commands are untrusted code: in the default backends they never run as root, never outside a
+sandbox, and never see the network or host files (design.md invariant 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass
+class ExecResult:
+    """What one command did."""
+
+    output: bytes
+    """stdout and stderr merged, cut at the output cap (a visible notice marks the cut)."""
+    exit_code: int
+    """The command's exit status: -1 when it timed out, 128+N when signal N ended it (152: CPU limit)."""
+    timed_out: bool = False
+    """The wall-clock limit ended it."""
+    truncated: bool = False
+    """Output went past the cap and was cut."""
+    duration_s: float = 0.0
+    """Wall-clock seconds."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not the command inside it): an infrastructure failure."""
+
+
+class Sandbox(Protocol):
+    """One isolated workspace holding a task's repository, with a persistent shell."""
+
+    def start(self) -> None:
+        """Create the sandbox and its shell; raises SandboxError on failure."""
+
+    def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        """Run a shell command in the persistent shell (cwd and environment persist between calls).
+
+        timeout_s=None means sandbox.command_timeout_s. On timeout the command and every process it
+        started are killed (timed_out=True, exit_code=-1); the shell keeps its cwd and exported
+        variables. Raises SandboxError only when the sandbox itself fails or was stopped.
+        """
+
+    def read_file(self, path: str) -> bytes:
+        """Read a file of the repository (path relative to it, or absolute under the sandbox's workdir).
+
+        Raises FileNotFoundError, IsADirectoryError, or PermissionError for a path (or a symlink on
+        the way) that leaves the repository; SandboxError when the sandbox itself fails.
+        """
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write (create or replace) a file of the repository, creating missing parent folders.
+
+        Same paths and errors as read_file; the file belongs to the sandbox user afterwards.
+        """
+
+    def stop(self) -> None:
+        """Kill everything in the sandbox and remove its writable state; idempotent."""
+
+
+@dataclass
+class SandboxSpec:
+    """What a sandbox is made from. Backends copy `repo_dir` into a private writable workspace."""
+
+    repo_dir: str
+    """Host path of the task's git repository (buggy state); copied into the sandbox, never written in place."""
+    workdir: str = "/testbed"
+    """Where the repository appears inside the sandbox (SWE-bench/SWE-rebench convention)."""
+    env_dir: str | None = None
+    """bwrap/local: host path of the task's Python environment, bound read-only at /opt/venv and put on PATH."""
+    image: str | None = None
+    """apptainer: the task's SIF image (holds the environment; the repository is overlaid at workdir)."""
+    env: dict[str, str] | None = None
+    """Extra environment variables, exported in the shell when it starts (and again if it restarts)."""

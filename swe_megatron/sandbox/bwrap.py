@@ -1,0 +1,192 @@
+"""bubblewrap backend (default on Linux, used by CI): agent commands in a namespace sandbox.
+
+    setpriv --reuid U --regid G --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
+    prlimit --cpu --as --nproc --fsize --core=0 --
+    bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session ... -- <shell supervisor>
+
+Run as root (CI, the sandbox server), it first drops to a per-sandbox uid of the sandbox user (see
+users.py); bwrap run as root would keep root's powers. Run as an ordinary user it runs as that user and
+sets no RLIMIT_NPROC (that limit counts all of the user's processes). Inside:
+
+- read-only: /usr (and the /bin, /lib* links), a few /etc files, generated passwd/group/hosts; no
+  /root, /home, /var, /opt, /work or any project folder; /etc/shadow is absent;
+- writable: the workspace copy at spec.workdir (/testbed), tmpfs /tmp, /dev/shm and $HOME (sandbox.tmpfs_mb
+  each); the rest of the root is read-only;
+- spec.env_dir read-only at /opt/venv, first on PATH (and at its own host path too, because a venv's
+  console scripts have that path in their #! line); it must be a venv of a system Python (/usr/bin);
+- network: a fresh namespace with only loopback (bwrap brings `lo` up), so 127.0.0.1 servers inside
+  work and nothing outside (internet, the host's 127.0.0.1) is reachable;
+- uid 1000 (`sandbox.user` in the sandbox's passwd), no capabilities, no new user namespaces.
+
+If the process that owns a sandbox dies, bwrap's --die-with-parent takes the sandbox with it (shell.py
+starts every sandbox from one long-lived thread, since that signal follows the forking thread).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from swe_megatron.sandbox.base import SandboxError
+from swe_megatron.sandbox.shell import ShellSandbox
+from swe_megatron.sandbox.users import SETUP_HINT
+
+INNER_UID = 1000
+VENV_MOUNT = "/opt/venv"
+STATE_DIR = "/run/swe-sandbox"  # the shell's snapshot (shell.py), on its own small tmpfs
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Read-only from the host when present: the dynamic linker's cache, `alternatives` links that
+# /usr/bin entries point into, time zone, service names, Debian's Python site config.
+ETC_FILES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "protocols",
+    "services",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "gitconfig",
+    "ssl/openssl.cnf",
+    "ssl/certs",
+)
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def require_tools() -> dict[str, str]:
+    """Paths of bwrap, setpriv and prlimit; SandboxError naming the fix when one is missing."""
+    tools = {name: shutil.which(name, path=SAFE_PATH) for name in ("bwrap", "setpriv", "prlimit")}
+    missing = [name for name, path in tools.items() if path is None]
+    if missing:
+        raise SandboxError(f"{', '.join(missing)} not installed (bubblewrap, util-linux): {SETUP_HINT}")
+    return tools  # type: ignore[return-value]
+
+
+def check_env_dir(env_dir: str, uid: int, gid: int) -> Path:
+    """The task venv, checked: exists, reachable by the sandbox uid, made from a Python the sandbox sees."""
+    path = Path(env_dir).resolve()
+    if not (path / "bin").is_dir():
+        raise SandboxError(f"env_dir {env_dir} is not a Python environment (no bin/ folder)")
+    for folder in [path, *path.parents]:
+        st = folder.stat()
+        if st.st_uid == uid:
+            ok = st.st_mode & 0o100
+        elif st.st_gid == gid:
+            ok = st.st_mode & 0o010
+        else:
+            ok = st.st_mode & 0o001
+        if not ok:
+            raise SandboxError(
+                f"env_dir {env_dir} is not reachable by the sandbox user (uid {uid}): {folder} is mode "
+                f"{oct(st.st_mode & 0o777)}; keep task environments outside /root in world-readable folders"
+            )
+    cfg = path / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                home = value.strip()
+                if not any(home == d or home.startswith(d + "/") for d in SYSTEM_DIRS):
+                    raise SandboxError(
+                        f"env_dir {env_dir} is a venv of the Python in {home}, which the sandbox cannot see; "
+                        f"make task environments with /usr/bin/python3 -m venv"
+                    )
+    return path
+
+
+class BwrapSandbox(ShellSandbox):
+    """A sandbox made with bubblewrap; see the module docstring for what it can and cannot reach."""
+
+    backend = "bwrap"
+
+    def _prepare(self) -> None:
+        self._tools = require_tools()
+        self._env_dir = None
+        if self.spec.env_dir:
+            self._env_dir = check_env_dir(self.spec.env_dir, self.user.uid, self.user.gid)
+        etc = self.workspace.folder / "etc"
+        etc.mkdir(mode=0o755)
+        name, home = self.user.name, self._home()
+        files = {
+            "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{INNER_UID}:{INNER_UID}::{home}:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            "group": f"root:x:0:\n{name}:x:{INNER_UID}:\nnogroup:x:65534:\n",
+            "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+            "hostname": "sandbox\n",
+            "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
+        }
+        for fname, text in files.items():
+            (etc / fname).write_text(text)
+            os.chmod(etc / fname, 0o644)
+
+    def _state_file(self) -> str:
+        return f"{STATE_DIR}/state"
+
+    def _home(self) -> str:
+        return f"/home/{self.user.name}"
+
+    def _launch(self) -> tuple[list[str], dict[str, str]]:
+        cfg, spec, user = self.cfg, self.spec, self.user
+        argv: list[str] = []
+        as_root = os.geteuid() == 0
+        if as_root:
+            argv += [self._tools["setpriv"], f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+            argv += ["--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
+        # CPU: SIGXCPU ("CPU time limit exceeded") at the limit, SIGKILL 2 s later if it is ignored.
+        cpu = f"--cpu={cfg.cpu_seconds}:{cfg.cpu_seconds + 2}"
+        argv += [self._tools["prlimit"], cpu, f"--as={cfg.memory_mb << 20}"]
+        if as_root:
+            argv.append(f"--nproc={cfg.max_processes}")
+        argv += [f"--fsize={cfg.max_file_mb << 20}", "--core=0", "--"]
+
+        b = [self._tools["bwrap"], "--unshare-all", "--unshare-user", "--disable-userns"]
+        b += ["--die-with-parent", "--new-session", "--uid", str(INNER_UID), "--gid", str(INNER_UID)]
+        b += ["--hostname", "sandbox"]
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                b += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                b += ["--ro-bind", d, d]
+        tmp_bytes = str(cfg.tmpfs_mb << 20)
+        b += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]
+        b += ["--size", tmp_bytes, "--tmpfs", "/tmp", "--size", tmp_bytes, "--tmpfs", self._home()]
+        b += ["--size", str(1 << 20), "--tmpfs", STATE_DIR]
+        for rel in ETC_FILES:
+            b += ["--ro-bind-try", f"/etc/{rel}", f"/etc/{rel}"]
+        for generated in sorted((self.workspace.folder / "etc").iterdir()):
+            b += ["--ro-bind", str(generated), f"/etc/{generated.name}"]
+        b += ["--bind", str(self.workspace.repo), spec.workdir]
+        path = SAFE_PATH
+        env = {
+            "HOME": self._home(),
+            "USER": user.name,
+            "LOGNAME": user.name,
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp",
+            "PAGER": "cat",
+            "GIT_PAGER": "cat",
+        }
+        if self._env_dir is not None:
+            b += ["--ro-bind", str(self._env_dir), VENV_MOUNT]
+            if str(self._env_dir) != VENV_MOUNT:
+                b += ["--ro-bind", str(self._env_dir), str(self._env_dir)]
+            path = f"{VENV_MOUNT}/bin:{path}"
+            env["VIRTUAL_ENV"] = VENV_MOUNT
+        env["PATH"] = path
+        # The root and /dev are tmpfs that bwrap made: read-only, or they would be unbounded scratch space
+        # (not recursive: /tmp, HOME, /dev/shm and the workspace stay writable).
+        b += ["--remount-ro", "/dev", "--remount-ro", "/"]
+        b += ["--chdir", spec.workdir, "--clearenv"]
+        for key, value in env.items():
+            b += ["--setenv", key, value]
+        b.append("--")  # the shell's supervisor follows (shell.py)
+        return argv + b, {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}

@@ -1,0 +1,353 @@
+"""The sandbox server: one process per node that owns the sandboxes on that node and serves them over HTTP.
+
+    swe-megatron sandbox-server --host 10.0.0.5 --port 8760 --token-file JOB/sandbox.token --backend apptainer
+
+Every request carries `Authorization: Bearer <per-job token>` (compared in constant time; else 401).
+JSON API under /v1 (client.py is the Python side):
+
+    GET    /v1/health                      -> {"running", "max_concurrent", "backend"}
+    POST   /v1/sandboxes {"spec": {...}}   -> {"id"}; 429 when max_concurrent sandboxes are running
+    POST   /v1/sandboxes/ID/exec {"command", "timeout_s"} -> {"output_b64", "exit_code", "timed_out", ...}
+    POST   /v1/sandboxes/ID/read {"path"}  -> {"data_b64"}
+    POST   /v1/sandboxes/ID/write {"path", "data_b64"}
+    DELETE /v1/sandboxes/ID
+    GET    /v1/sessions/SID/attach         -> a stream of keep-alive lines while the client lives
+    POST   /v1/sessions/SID/heartbeat
+    DELETE /v1/sessions/SID                -> stops every sandbox of the session
+
+Requests name their client session in the `X-Sandbox-Session` header. Teardown: on SIGTERM/SIGINT
+every sandbox is stopped before the server exits; when a session's attach stream breaks (the client
+process died or closed) its sandboxes are stopped; and a sandbox with no request for sandbox.lease_timeout_s,
+no command running and no attached session is reaped (a client that vanished without a TCP close).
+
+Sandbox work is blocking (subprocess pipes), so it runs in a thread pool. Whoever holds the token
+is trusted to name host paths (spec.repo_dir, env_dir, image): keep the token private to the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import hmac
+import logging
+import secrets
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from swe_megatron.sandbox import make_sandbox
+from swe_megatron.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_megatron.sandbox.client import SESSION_HEADER
+
+log = logging.getLogger(__name__)
+
+PING_S = 1.0  # attach stream keep-alive period (also how fast a dead client is noticed)
+MAX_BODY = 256 << 20
+FILE_ERRORS = {
+    FileNotFoundError: 404,
+    IsADirectoryError: 400,
+    NotADirectoryError: 400,
+    PermissionError: 403,
+}
+
+
+@dataclass
+class _Entry:
+    sandbox: Sandbox
+    session: str
+    last_seen: float = field(default_factory=time.monotonic)
+    busy: int = 0
+
+
+def _error(status: int, message: str, kind: str = "SandboxError") -> web.Response:
+    return web.json_response({"error": message, "type": kind}, status=status)
+
+
+def spec_from_json(data: dict) -> SandboxSpec:
+    """A SandboxSpec from request JSON; ValueError naming unknown or missing fields."""
+    if not isinstance(data, dict):
+        raise ValueError("spec must be a JSON object")
+    names = {f.name for f in dataclasses.fields(SandboxSpec)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"unknown spec fields {sorted(unknown)}; allowed: {sorted(names)}")
+    if not isinstance(data.get("repo_dir"), str):
+        raise ValueError("spec.repo_dir (a host path string) is required")
+    return SandboxSpec(**data)
+
+
+class SandboxServer:
+    """Owns this node's sandboxes; `app()` is the aiohttp application, `serve()` runs it until a signal."""
+
+    def __init__(self, cfg, token: str, *, factory=make_sandbox):
+        if len(token) < 16:
+            raise ValueError("the sandbox server token must be at least 16 characters")
+        self.cfg = cfg
+        """The SandboxConfig (backend, max_concurrent, lease_timeout_s, limits)."""
+        self._token = token.encode()
+        self._factory = factory
+        self._sandboxes: dict[str, _Entry] = {}
+        self._starting = 0
+        self._attached: dict[str, int] = {}
+        self._stopping = False
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(8, 2 * cfg.max_concurrent + 4), thread_name_prefix="sandbox"
+        )
+        self._reaper: asyncio.Task | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes, auth, lease reaper, teardown on cleanup)."""
+        app = web.Application(middlewares=[self._auth], client_max_size=MAX_BODY)
+        app.add_routes(
+            [
+                web.get("/v1/health", self._health),
+                web.post("/v1/sandboxes", self._start),
+                web.post("/v1/sandboxes/{id}/exec", self._exec),
+                web.post("/v1/sandboxes/{id}/read", self._read),
+                web.post("/v1/sandboxes/{id}/write", self._write),
+                web.delete("/v1/sandboxes/{id}", self._stop),
+                web.get("/v1/sessions/{sid}/attach", self._attach),
+                web.post("/v1/sessions/{sid}/heartbeat", self._heartbeat),
+                web.delete("/v1/sessions/{sid}", self._end_session),
+            ]
+        )
+        app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._reaper = asyncio.create_task(self._reap_loop())
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        await self.shutdown()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        given = request.headers.get("Authorization", "")
+        expected = b"Bearer " + self._token
+        if not hmac.compare_digest(given.encode(), expected):
+            return _error(
+                401, "missing or wrong sandbox server token (Authorization: Bearer ...)", "AuthError"
+            )
+        return await handler(request)
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _entry(self, request: web.Request) -> _Entry:
+        entry = self._sandboxes.get(request.match_info["id"])
+        if entry is None:
+            raise web.HTTPNotFound(
+                text='{"error": "no such sandbox (stopped, reaped or never started)", "type": "SandboxError"}',
+                content_type="application/json",
+            )
+        entry.last_seen = time.monotonic()
+        return entry
+
+    async def _json(self, request: web.Request) -> dict:
+        try:
+            data = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text='{"error": "body is not JSON", "type": "ValueError"}', content_type="application/json"
+            ) from None
+        if not isinstance(data, dict):
+            raise web.HTTPBadRequest(
+                text='{"error": "body must be a JSON object", "type": "ValueError"}',
+                content_type="application/json",
+            )
+        return data
+
+    # -- handlers --------------------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        backend = getattr(self.cfg.backend, "value", self.cfg.backend)
+        return web.json_response(
+            {"running": len(self._sandboxes), "max_concurrent": self.cfg.max_concurrent, "backend": backend}
+        )
+
+    async def _start(self, request: web.Request) -> web.Response:
+        if self._stopping:
+            return _error(503, "the sandbox server is shutting down")
+        data = await self._json(request)
+        try:
+            spec = spec_from_json(data.get("spec"))
+        except (TypeError, ValueError) as e:
+            return _error(400, f"bad sandbox spec: {e}", "ValueError")
+        used = len(self._sandboxes) + self._starting
+        if used >= self.cfg.max_concurrent:
+            return _error(
+                429,
+                f"sandbox server at capacity: {used} of {self.cfg.max_concurrent} sandboxes running or starting; "
+                "stop one, retry later, or raise sandbox.max_concurrent",
+                "CapacityError",
+            )
+        session = request.headers.get(SESSION_HEADER, "")
+        self._starting += 1
+        try:
+            sandbox = self._factory(spec, self.cfg)
+            await self._run(sandbox.start)
+        except SandboxError as e:
+            return _error(500, f"sandbox did not start: {e}")
+        except Exception as e:  # a config error (local refused) or a bug: say it, keep serving
+            return _error(400, f"sandbox did not start: {e}", type(e).__name__)
+        finally:
+            self._starting -= 1
+        if self._stopping:
+            await self._run(sandbox.stop)
+            return _error(503, "the sandbox server is shutting down")
+        sid = secrets.token_hex(8)
+        self._sandboxes[sid] = _Entry(sandbox, session)
+        return web.json_response({"id": sid})
+
+    async def _exec(self, request: web.Request) -> web.Response:
+        entry = self._entry(request)
+        data = await self._json(request)
+        command, timeout_s = data.get("command"), data.get("timeout_s")
+        if not isinstance(command, str) or not (timeout_s is None or isinstance(timeout_s, int | float)):
+            return _error(400, "exec needs {'command': str, 'timeout_s': number or null}", "ValueError")
+        entry.busy += 1
+        try:
+            res = await self._run(entry.sandbox.exec, command, timeout_s)
+        except SandboxError as e:
+            return _error(500, str(e))
+        finally:
+            entry.busy -= 1
+            entry.last_seen = time.monotonic()
+        body = dataclasses.asdict(res)
+        body["output_b64"] = base64.b64encode(body.pop("output")).decode()
+        return web.json_response(body)
+
+    async def _file_op(self, fn, *args) -> web.Response | bytes | None:
+        try:
+            return await self._run(fn, *args)
+        except tuple(FILE_ERRORS) as e:
+            return _error(FILE_ERRORS[type(e)], str(e), type(e).__name__)
+        except OSError as e:
+            return _error(400, str(e), "OSError")
+        except SandboxError as e:
+            return _error(500, str(e))
+
+    async def _read(self, request: web.Request) -> web.Response:
+        entry = self._entry(request)
+        path = (await self._json(request)).get("path")
+        if not isinstance(path, str):
+            return _error(400, "read needs {'path': str}", "ValueError")
+        result = await self._file_op(entry.sandbox.read_file, path)
+        if isinstance(result, web.Response):
+            return result
+        return web.json_response({"data_b64": base64.b64encode(result).decode()})
+
+    async def _write(self, request: web.Request) -> web.Response:
+        entry = self._entry(request)
+        data = await self._json(request)
+        path, raw = data.get("path"), data.get("data_b64")
+        if not isinstance(path, str) or not isinstance(raw, str):
+            return _error(400, "write needs {'path': str, 'data_b64': str}", "ValueError")
+        result = await self._file_op(entry.sandbox.write_file, path, base64.b64decode(raw))
+        return result if isinstance(result, web.Response) else web.json_response({"ok": True})
+
+    async def _stop(self, request: web.Request) -> web.Response:
+        entry = self._sandboxes.pop(request.match_info["id"], None)
+        if entry is not None:
+            await self._run(entry.sandbox.stop)
+        return web.json_response({"stopped": entry is not None})
+
+    async def _heartbeat(self, request: web.Request) -> web.Response:
+        sid, now = request.match_info["sid"], time.monotonic()
+        for entry in self._sandboxes.values():
+            if entry.session == sid:
+                entry.last_seen = now
+        return web.json_response({"ok": True})
+
+    async def _end_session(self, request: web.Request) -> web.Response:
+        stopped = await self.stop_session(request.match_info["sid"])
+        return web.json_response({"stopped": stopped})
+
+    async def _attach(self, request: web.Request) -> web.StreamResponse:
+        """Held open by the client for its lifetime; when it breaks, the session's sandboxes are stopped."""
+        sid = request.match_info["sid"]
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        self._attached[sid] = self._attached.get(sid, 0) + 1
+        try:
+            while not self._stopping:
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    break
+                await response.write(b".\n")
+                await asyncio.sleep(PING_S)
+        except (ConnectionError, asyncio.CancelledError, RuntimeError):
+            pass
+        finally:
+            self._attached[sid] -= 1
+            if self._attached[sid] == 0:
+                del self._attached[sid]
+                if not self._stopping:
+                    stopped = await asyncio.shield(self.stop_session(sid))
+                    if stopped:
+                        log.info("session %s went away: stopped its %d sandboxes", sid, stopped)
+        return response
+
+    # -- teardown --------------------------------------------------------------------------------------------
+
+    async def stop_session(self, sid: str) -> int:
+        """Stop every sandbox of a client session; returns how many."""
+        ids = [k for k, e in self._sandboxes.items() if e.session == sid]
+        entries = [self._sandboxes.pop(k) for k in ids]
+        await asyncio.gather(*(self._run(e.sandbox.stop) for e in entries))
+        return len(entries)
+
+    async def _reap_loop(self) -> None:
+        period = max(0.2, min(5.0, self.cfg.lease_timeout_s / 4))
+        while not self._stopping:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            stale = [
+                k
+                for k, e in self._sandboxes.items()
+                if e.busy == 0
+                and e.session not in self._attached
+                and now - e.last_seen > self.cfg.lease_timeout_s
+            ]
+            entries = [self._sandboxes.pop(k) for k in stale]
+            if entries:
+                log.info("lease expired: stopping %d idle sandboxes", len(entries))
+                await asyncio.gather(*(self._run(e.sandbox.stop) for e in entries))
+
+    async def shutdown(self) -> None:
+        """Stop every sandbox (idempotent); the server answers 503 to new starts from here on."""
+        self._stopping = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+        entries = list(self._sandboxes.values())
+        self._sandboxes.clear()
+        await asyncio.gather(*(self._run(e.sandbox.stop) for e in entries), return_exceptions=True)
+
+    async def serve(self, host: str, port: int, ready=None) -> None:
+        """Serve until SIGTERM/SIGINT, then stop every sandbox; `ready(port)` is called once listening."""
+        runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=5.0, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        if ready is not None:
+            ready(bound)
+        try:
+            await done.wait()
+        finally:
+            await self.shutdown()
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+            self._pool.shutdown(wait=False)

@@ -1,0 +1,274 @@
+"""A sandbox's private, writable copy of its repository on the host, and safe host-side file access.
+
+Layout: ROOT/sbx-XXXX/ (mode 0711) holds `.lock` (flocked by the owning process while the sandbox
+lives), `repo/` (the copy, owned by the sandbox's uid, mode 0700, bound at the sandbox's workdir) and
+whatever else the backend needs (bwrap's generated /etc files). A folder whose lock nobody holds was
+left by a crashed process and is removed by `sweep_stale`.
+
+The agent controls everything under `repo/`, symlinks included, and the host side (often root) reads
+and writes there for read_file/write_file. So paths are never handed to the kernel's resolver: `_walk`
+opens one component at a time with O_NOFOLLOW relative to the previous folder's fd and resolves
+symlinks itself, the way the sandbox would see them (absolute targets under the workdir map into the
+repository), refusing any path that leaves the repository. Files not owned by the sandbox user, or
+with other hard links, are refused too.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+from swe_megatron.sandbox.base import SandboxError
+
+LOCK_NAME = ".lock"
+MAX_SYMLINK_HOPS = 40
+STALE_GRACE_S = 60.0  # a younger folder may still be being created
+
+
+def _copy_tree(src: Path, dst: Path, uid: int, gid: int) -> None:
+    """Copy a repository: folders, regular files and symlinks (never followed); other file types skipped.
+
+    Owner becomes uid:gid, setuid/setgid bits are dropped, modification times are kept (git's index).
+    """
+    dirs: list[tuple[Path, os.stat_result]] = []
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
+        rel = Path(dirpath).relative_to(src)
+        for name in dirnames + filenames:
+            s, d = Path(dirpath) / name, dst / rel / name
+            st = os.lstat(s)
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(d, 0o700)
+                dirs.append((d, st))
+            elif stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(s), d)
+            elif stat.S_ISREG(st.st_mode):
+                shutil.copyfile(s, d, follow_symlinks=False)
+                os.chmod(d, stat.S_IMODE(st.st_mode) & 0o777)
+            else:
+                continue  # fifos, sockets, device nodes have no business in a repository copy
+            os.lchown(d, uid, gid)
+            if not stat.S_ISDIR(st.st_mode):
+                os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+    for d, st in reversed(dirs):  # children first, so their creation does not touch the times again
+        os.chmod(d, (stat.S_IMODE(st.st_mode) & 0o777) | 0o700)
+        os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder tree (fd-based, never follows symlinks), whatever the agent did to its modes."""
+
+    def fix_and_retry(func, p, _exc):  # a folder its owner made chmod 000 (non-root runs only)
+        if os.geteuid() == 0:
+            return
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=fix_and_retry)
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_stale(root: str | Path) -> list[Path]:
+    """Remove workspaces under root whose owning process is gone; returns what was removed."""
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for entry in root.iterdir():
+        try:
+            if not entry.name.startswith("sbx-") or time.time() - entry.lstat().st_mtime < STALE_GRACE_S:
+                continue  # young: perhaps being created right now, before its lock is taken
+            fd = os.open(entry / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if entry.is_dir() and not entry.is_symlink():
+                remove_tree(entry)
+                removed.append(entry)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # alive
+        finally:
+            os.close(fd)
+        remove_tree(entry)
+        removed.append(entry)
+    return removed
+
+
+class Workspace:
+    """One sandbox's folder on the host; `repo` is what the sandbox sees at `mount_point`."""
+
+    def __init__(self, folder: Path, uid: int, gid: int, mount_point: str, lock_fd: int):
+        self.folder = folder
+        """ROOT/sbx-XXXX: the workspace's own folder."""
+        self.repo = folder / "repo"
+        """The repository copy (bound at mount_point inside the sandbox)."""
+        self.uid, self.gid = uid, gid
+        self.mount_point = mount_point.rstrip("/") or "/"
+        self._lock_fd: int | None = lock_fd
+
+    @classmethod
+    def create(cls, repo_dir: str, root: str, uid: int, gid: int, mount_point: str) -> Workspace:
+        """Copy repo_dir into a new workspace under root owned by uid:gid; SandboxError on failure."""
+        src = Path(repo_dir)
+        if not src.is_dir():
+            raise SandboxError(f"repository {repo_dir!r} is not a folder (SandboxSpec.repo_dir)")
+        root_path = Path(root)
+        try:
+            root_path.mkdir(mode=0o711, parents=True, exist_ok=True)
+            folder = Path(tempfile.mkdtemp(prefix="sbx-", dir=root_path))
+            lock_fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            os.chmod(folder, 0o711)  # the sandbox uid must traverse it to reach repo/
+        except OSError as e:
+            raise SandboxError(
+                f"cannot create a workspace under {root} (sandbox.workspace_root): {e}"
+            ) from None
+        ws = cls(folder, uid, gid, mount_point, lock_fd)
+        try:
+            os.mkdir(ws.repo, 0o700)
+            _copy_tree(src, ws.repo, uid, gid)
+            os.chown(ws.repo, uid, gid)
+        except OSError as e:
+            ws.remove()
+            raise SandboxError(f"cannot copy repository {repo_dir} into the workspace: {e}") from None
+        return ws
+
+    def remove(self) -> None:
+        """Delete the workspace and free its lock (idempotent)."""
+        remove_tree(self.folder)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- safe access ---------------------------------------------------------------------------------------
+
+    def _parts(self, path: str) -> tuple[bool, list[str]]:
+        """(absolute?, components relative to the repository) of a path as the sandbox names it."""
+        if path.startswith("/"):
+            mp = self.mount_point
+            if path != mp and not path.startswith(mp + "/"):
+                raise PermissionError(errno.EACCES, f"outside the repository ({self.mount_point})", path)
+            path = path[len(mp) :]
+            return True, [p for p in path.split("/") if p]
+        return False, [p for p in path.split("/") if p]
+
+    def _walk(self, path: str, *, create_dirs: bool) -> tuple[int, str]:
+        """Resolve path to (fd of its parent folder, last name), symlinks resolved inside the repository."""
+        _, todo = self._parts(path)
+        if not todo:
+            raise IsADirectoryError(errno.EISDIR, "is the repository folder", path)
+        stack = [os.open(self.repo, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+        hops = 0
+        try:
+            while todo:
+                name = todo.pop(0)
+                if name == ".":
+                    continue
+                if name == "..":
+                    if len(stack) == 1:
+                        raise PermissionError(errno.EACCES, "leaves the repository", path)
+                    os.close(stack.pop())
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
+                except FileNotFoundError:
+                    if not todo:
+                        return stack.pop(), name
+                    if not create_dirs:
+                        raise FileNotFoundError(errno.ENOENT, "no such file or folder", path) from None
+                    os.mkdir(name, 0o755, dir_fd=stack[-1])
+                    os.chown(name, self.uid, self.gid, dir_fd=stack[-1], follow_symlinks=False)
+                    st = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    hops += 1
+                    if hops > MAX_SYMLINK_HOPS:
+                        raise OSError(errno.ELOOP, "too many symlinks", path)
+                    target = os.readlink(name, dir_fd=stack[-1])
+                    try:
+                        absolute, tparts = self._parts(target)
+                    except PermissionError:
+                        raise PermissionError(
+                            errno.EACCES, f"symlink to {target} leaves the repository", path
+                        ) from None
+                    if absolute:
+                        while len(stack) > 1:
+                            os.close(stack.pop())
+                    todo = tparts + todo
+                    continue
+                if not todo:
+                    return stack.pop(), name
+                if not stat.S_ISDIR(st.st_mode):
+                    raise NotADirectoryError(errno.ENOTDIR, "not a folder on the way", path)
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                stack.append(os.open(name, flags, dir_fd=stack[-1]))
+            raise IsADirectoryError(errno.EISDIR, "is the repository folder", path)
+        finally:
+            for fd in stack:
+                os.close(fd)
+
+    def _check_owned(self, st: os.stat_result, path: str) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = IsADirectoryError if stat.S_ISDIR(st.st_mode) else PermissionError
+            raise kind(
+                errno.EISDIR if kind is IsADirectoryError else errno.EACCES, "not a regular file", path
+            )
+        if st.st_uid != self.uid or st.st_nlink != 1:
+            raise PermissionError(errno.EACCES, "not a file of the sandbox user (owner or hard links)", path)
+
+    def read_file(self, path: str) -> bytes:
+        """Read a file of the repository (see the module docstring for what is refused)."""
+        dirfd, name = self._walk(path, create_dirs=False)
+        try:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = os.open(name, flags, dir_fd=dirfd)
+            except FileNotFoundError:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise PermissionError(errno.EACCES, "symlink swapped in while reading", path) from None
+                raise
+        finally:
+            os.close(dirfd)
+        with os.fdopen(fd, "rb") as f:
+            self._check_owned(os.fstat(fd), path)
+            return f.read()
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Create or replace a file of the repository, owned by the sandbox user."""
+        dirfd, name = self._walk(path, create_dirs=True)
+        created = False
+        try:
+            flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dirfd)
+                created = True
+            except FileExistsError:
+                fd = os.open(name, flags, dir_fd=dirfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise PermissionError(
+                    errno.EACCES, "is a symlink (swapped in while writing?)", path
+                ) from None
+            raise
+        finally:
+            os.close(dirfd)
+        with os.fdopen(fd, "wb") as f:
+            if created:
+                os.fchown(fd, self.uid, self.gid)
+            self._check_owned(os.fstat(fd), path)
+            os.ftruncate(fd, 0)
+            f.write(data)

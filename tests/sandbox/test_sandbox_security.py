@@ -1,0 +1,166 @@
+"""What an agent's commands cannot do in the bwrap sandbox (design.md invariant 7), and abuse that must end
+with a clear error while the host and another sandbox carry on."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from swe_megatron.sandbox.users import subuid_range
+
+pytestmark = pytest.mark.sandbox
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+def test_runs_as_an_unprivileged_user_without_capabilities(sandbox):
+    res = sandbox.exec("id -u; id -g; grep -E '^Cap(Eff|Prm|Inh|Amb)' /proc/self/status")
+    lines = res.output.decode().split("\n")
+    assert lines[:2] == ["1000", "1000"]
+    assert all(line.split()[1] == "0000000000000000" for line in lines[2:] if line)
+    assert sandbox.exec("unshare -U true").exit_code != 0  # no new user namespaces
+    host_uid = sandbox.user.uid
+    assert host_uid != 0
+    span = subuid_range("swe-sandbox", sandbox.user.uid)
+    if span:  # with tools/sandbox_setup.sh: a uid of its own from the reserved range
+        assert span[0] <= host_uid < span[0] + span[1]
+
+
+def test_host_files_are_invisible(sandbox):
+    here = Path.cwd()
+    for path in (
+        PROJECT / "pyproject.toml",
+        here / "pyproject.toml",
+        Path("/root/.bashrc"),
+        Path("/etc/shadow"),
+    ):
+        res = sandbox.exec(f"cat {path}")
+        assert res.exit_code != 0 and b"No such file" in res.output, path
+    for folder in (
+        PROJECT,
+        here,
+        Path("/root"),
+        Path("/home"),
+        Path("/var/tmp/swe-megatron-sandboxes"),
+        Path("/work"),
+    ):
+        res = sandbox.exec(f"ls -A {folder} 2>&1 | grep -v -x swe-sandbox")
+        assert res.output == b"" or b"No such file" in res.output, (folder, res.output)
+    assert b"swe-sandbox" in sandbox.exec("cat /etc/passwd").output
+    assert b"root:x:0:0" in sandbox.exec("cat /etc/passwd").output  # generated: no host accounts
+    assert sandbox.exec("grep -c . /etc/passwd").output == b"3\n"
+
+
+def test_no_network_but_loopback_inside(sandbox):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        probe = (
+            "import socket, sys\n"
+            "for host, port in [('1.1.1.1', 53), ('8.8.8.8', 443), ('127.0.0.1', int(sys.argv[1]))]:\n"
+            "    s = socket.socket(); s.settimeout(3)\n"
+            "    try: s.connect((host, port)); print('CONNECTED', host)\n"
+            "    except OSError as e: print('refused', host, e.errno)\n"
+            "srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen()\n"
+            "c = socket.create_connection(srv.getsockname(), timeout=3); print('loopback ok')\n"
+        )
+        sandbox.write_file("probe.py", probe.encode())
+        res = sandbox.exec(f"python probe.py {port}")
+    finally:
+        listener.close()
+    out = res.output.decode()
+    assert "CONNECTED" not in out
+    assert out.count("refused") == 3 and "loopback ok" in out, out
+    assert sandbox.exec("getent hosts localhost").exit_code == 0
+    assert sandbox.exec("getent hosts pypi.org").exit_code != 0
+
+
+def test_cannot_write_outside_the_repository(sandbox):
+    targets = (
+        "/usr/evil",
+        "/etc/evil",
+        "/evil",
+        "/opt/venv/evil",
+        "/bin/evil",
+        "/dev/evil",
+        "/proc/sys/kernel/evil",
+    )
+    for target in targets:
+        res = sandbox.exec(f"echo x > {target}")
+        assert res.exit_code != 0, target
+    assert (
+        sandbox.exec(
+            "echo x > /testbed/ok && echo x > /tmp/ok && echo x > ~/ok && echo x > /dev/shm/ok"
+        ).exit_code
+        == 0
+    )
+    assert not Path("/usr/evil").exists() and not Path("/etc/evil").exists()
+    big = sandbox.exec("head -c 20M /dev/zero > /testbed/big")  # max_file_mb=16
+    assert big.exit_code != 0 and b"File size limit exceeded" in big.output
+
+
+@contextmanager
+def bystander(make):
+    """Another sandbox running commands (each needs a fork) and the host forking, while the test abuses."""
+    other = make()
+    stats = {"other": 0, "host": 0, "slowest": 0.0, "errors": []}
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            res = other.exec("/bin/echo ok", timeout_s=10)
+            if res.output != b"ok\n":
+                stats["errors"].append(res)
+            subprocess.run(["true"], check=True)
+            stats["host"] += 1
+            stats["other"] += 1
+            stats["slowest"] = max(stats["slowest"], time.monotonic() - t0)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        yield stats
+    finally:
+        stop.set()
+        thread.join()
+    assert not stats["errors"], stats["errors"][:1]
+    assert stats["other"] > 0 and stats["host"] > 0
+    assert stats["slowest"] < 5.0, stats
+
+
+def test_fork_bombs_end_and_others_carry_on(make, sandbox):
+    with bystander(make):
+        res = sandbox.exec(":(){ :|: ; };:", timeout_s=2)  # in the foreground
+        assert res.timed_out and b"timed out after 2 s" in res.output
+        res = sandbox.exec("python -c 'import os\nwhile True: os.fork()'", timeout_s=5)
+        assert res.timed_out or b"Resource temporarily unavailable" in res.output
+        sandbox.exec(":(){ :|:& };:")  # left running in the background: the next timeout clears it
+        assert sandbox.exec("sleep 30", timeout_s=2).timed_out
+    assert sandbox.exec("/bin/echo recovered", timeout_s=5).output == b"recovered\n"
+    assert int(sandbox.exec("ps -e --no-headers | wc -l").output) < 10
+
+
+def test_memory_cpu_and_output_abuse_end_with_clear_errors(make, cfg, venv):
+    sb = make(replace(cfg, cpu_seconds=1), env_dir=str(venv))
+    with bystander(make):
+        res = sb.exec("python -c 'x = bytearray(10 * 1024**3)'")
+        assert res.exit_code == 1 and b"MemoryError" in res.output
+        res = sb.exec("python -c 'while True: pass'", timeout_s=15)
+        assert res.exit_code == 152 and b"CPU time limit exceeded" in res.output  # 128 + SIGXCPU
+        res = sb.exec("while :; do :; done", timeout_s=1)
+        assert res.timed_out and b"timed out" in res.output
+        res = sb.exec("head -c 100000000 /dev/zero; echo tail-end", timeout_s=30)
+        assert res.truncated and res.exit_code == 0 and res.output.endswith(b"tail-end\n")
+        assert b"bytes omitted" in res.output and len(res.output) < 5000
+    assert sb.exec("echo still here").output == b"still here\n"

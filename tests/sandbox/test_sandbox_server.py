@@ -1,0 +1,245 @@
+"""The sandbox server (a real `swe-megatron sandbox-server` process) and its client."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from swe_megatron.sandbox import SandboxError, SandboxSpec
+from swe_megatron.sandbox.client import SandboxClient
+
+pytestmark = pytest.mark.sandbox
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+class Server:
+    """A sandbox-server subprocess with its own workspace root."""
+
+    def __init__(self, tmp: Path, *overrides: str):
+        self.root = Path(tempfile.mkdtemp(prefix="swe-sandbox-server-test-", dir="/var/tmp"))
+        self.root.chmod(0o711)
+        token_file = tmp / "token"
+        token_file.write_text(TOKEN)
+        token_file.chmod(0o600)
+        cmd = [sys.executable, "-m", "swe_megatron.cli", "sandbox-server", "--port", "0"]
+        cmd += ["--token-file", str(token_file), "--max-concurrent", "2", "--config", "embedded"]
+        cmd += [
+            f"sandbox.workspace_root={self.root}",
+            "sandbox.memory_mb=512",
+            "sandbox.max_processes=64",
+            *overrides,
+        ]
+        self.log = tmp / "server.log"
+        with open(self.log, "w") as log:  # stdout: only the ready line; the log must not fill a pipe
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        deadline = time.monotonic() + 60
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if "listening on" in line or not line:
+                break
+        assert "listening on" in line, f"server did not start: {line}{self.log.read_text()[-2000:]}"
+        self.url = line.split()[3]
+
+    def client(self, **kw) -> SandboxClient:
+        return SandboxClient(self.url, TOKEN, **kw)
+
+    def workspaces(self) -> list[Path]:
+        return sorted(self.root.glob("sbx-*"))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.close()
+
+
+def _processes_with(needle: bytes) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def _raw(server: Server, headers: dict) -> int:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/v1/health", headers=headers)
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_requests_need_the_token(server):
+    assert _raw(server, {}) == 401
+    assert _raw(server, {"Authorization": "Bearer wrong"}) == 401
+    assert _raw(server, {"Authorization": f"Bearer {TOKEN}x"}) == 401
+    assert _raw(server, {"Authorization": f"Bearer {TOKEN}"}) == 200
+    with (
+        pytest.raises(SandboxError, match="token"),
+        SandboxClient(server.url, "wrong-token-0123456789", attach=False) as c,
+    ):
+        c.health()
+
+
+def test_remote_sandbox_works_like_a_local_one(server, repo):
+    with server.client() as client:
+        assert client.health()["backend"] == "bwrap"
+        with client.sandbox(SandboxSpec(repo_dir=str(repo), env={"K": "v"})) as sb:
+            assert client.health()["running"] == 1
+            sb.exec("cd pkg")
+            res = sb.exec("pwd; echo $K; printf '\\xff'")
+            assert res.output == b"/testbed/pkg\nv\n\xff" and res.exit_code == 0
+            assert sb.exec("sleep 20", timeout_s=1).timed_out
+            sb.write_file("pkg/new.py", b"\x00data")
+            assert sb.read_file("/testbed/pkg/new.py") == b"\x00data"
+            with pytest.raises(FileNotFoundError):
+                sb.read_file("nope")
+            sb.exec("ln -s /etc/passwd leak")
+            with pytest.raises(PermissionError):
+                sb.read_file("/testbed/pkg/leak")
+        assert client.health()["running"] == 0
+        with pytest.raises(SandboxError, match="did not start"):
+            client.sandbox(SandboxSpec(repo_dir="/nonexistent/repo")).start()
+        kept = client.sandbox(SandboxSpec(repo_dir=str(repo)))
+        kept.start()
+        assert client.health()["running"] == 1
+    # closing the client ended its session: the server stopped the sandbox it left running
+    with server.client(attach=False) as other:
+        assert other.health()["running"] == 0
+    assert server.workspaces() == []
+
+
+def test_the_concurrency_cap_is_enforced(server, repo):
+    with server.client() as client:
+        spec = SandboxSpec(repo_dir=str(repo))
+        first, second = client.sandbox(spec), client.sandbox(spec)
+        first.start()
+        second.start()
+        with pytest.raises(SandboxError, match="capacity: 2 of 2"):
+            client.sandbox(spec).start()
+        first.stop()
+        third = client.sandbox(spec)
+        third.start()
+        assert third.exec("echo ok").output == b"ok\n"
+        assert client.health()["running"] == 2
+
+
+def test_bad_requests_are_rejected_clearly(server):
+    with server.client(attach=False) as client:
+        with pytest.raises(SandboxError, match="unknown spec fields"):
+            client.request("POST", "/v1/sandboxes", {"spec": {"repo_dir": "/x", "evil": 1}})
+        with pytest.raises(SandboxError, match="no such sandbox"):
+            client.request("POST", "/v1/sandboxes/nope/exec", {"command": "id"})
+
+
+def test_sandboxes_stop_when_their_client_process_dies(server, repo):
+    script = textwrap.dedent(
+        f"""
+        import time
+        from swe_megatron.sandbox import SandboxSpec
+        from swe_megatron.sandbox.client import SandboxClient
+        client = SandboxClient({server.url!r}, {TOKEN!r})
+        sb = client.sandbox(SandboxSpec(repo_dir={str(repo)!r}))
+        sb.start()
+        sb.exec("sleep 4242 &")
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert _processes_with(b"4242")
+        child.kill()  # no close(), no goodbye: the attach stream just breaks
+    finally:
+        child.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (server.workspaces() or _processes_with(b"sleep\x004242")):
+        time.sleep(0.2)
+    assert server.workspaces() == []
+    assert not _processes_with(b"sleep\x004242")
+
+
+def test_idle_sandboxes_are_reaped_when_their_lease_expires(tmp_path, repo):
+    srv = Server(tmp_path, "sandbox.lease_timeout_s=1")
+    try:
+        client = srv.client(attach=False)  # a client that holds no session open
+        idle, renewed = (
+            client.sandbox(SandboxSpec(repo_dir=str(repo))),
+            client.sandbox(SandboxSpec(repo_dir=str(repo))),
+        )
+        idle.start()
+        busy = srv.client(attach=False)
+        long_cmd = busy.sandbox(SandboxSpec(repo_dir=str(repo)))
+        long_cmd.start()
+        idle_id = idle.id
+        res = long_cmd.exec("sleep 1.6; echo done", timeout_s=10)  # running commands hold their lease
+        assert res.output == b"done\n"
+        with pytest.raises(SandboxError, match="no such sandbox"):
+            client.request("POST", f"/v1/sandboxes/{idle_id}/exec", {"command": "true"})
+        renewed.start()
+        for _ in range(4):  # heartbeats keep it alive past the lease
+            time.sleep(0.35)
+            client.heartbeat()
+        assert renewed.exec("echo alive").output == b"alive\n"
+    finally:
+        srv.close()
+
+
+def test_sigterm_stops_every_sandbox(tmp_path, repo):
+    srv = Server(tmp_path)
+    try:
+        client = srv.client()
+        for _ in range(2):
+            sb = client.sandbox(SandboxSpec(repo_dir=str(repo)))
+            sb.start()
+            sb.exec("sleep 4343 & setsid sleep 4343 &")
+        assert len(srv.workspaces()) == 2 and _processes_with(b"4343")
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0
+        assert srv.workspaces() == []
+        assert not _processes_with(b"sleep\x004343")
+        with pytest.raises(SandboxError, match="unreachable"):
+            client.health()
+        client.close()
+    finally:
+        srv.close()
+
+
+def test_the_command_refuses_a_bad_setup(tmp_path, capsys, monkeypatch):
+    from swe_megatron.cli import main
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o644)
+    assert main(["sandbox-server", "--token-file", str(token)]) == 2
+    assert "readable by other users" in capsys.readouterr().err
+    monkeypatch.delenv("SWE_MEGATRON_SANDBOX_TOKEN", raising=False)
+    assert main(["sandbox-server"]) == 2
+    assert "no token" in capsys.readouterr().err
+    token.chmod(0o600)
+    assert main(["sandbox-server", "--token-file", str(token), "--backend", "local"]) == 2
+    assert "allow_local=true" in capsys.readouterr().err
