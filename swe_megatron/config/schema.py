@@ -239,6 +239,11 @@ class StageConfig:
     """RFT: most successful trajectories kept per task."""
     one_shot_demo: bool = False
     """Put a one-shot demonstration in the prompt (the paper: RFT sampling only)."""
+    warm_start: str = "none"
+    """NOT in the paper: "scripted" first SFTs on scripted gold-patch solutions of the training tasks (a tiny random
+    model cannot solve anything by itself; see swe_megatron/pipeline/warm_start.py); "none" skips it."""
+    warm_start_epochs: int = 0
+    """Passes over the scripted solutions when warm_start is "scripted"."""
     refresh_pool: bool = False
     """Stage-2 refresh: drop tasks solved too often and tasks never solved before this stage."""
     refresh_max_solve_rate: float = 0.6666666666666666
@@ -282,9 +287,17 @@ class TasksConfig:
     max_lines_changed: int = 499
     """Keep tasks whose gold patch changes fewer than 500 lines."""
     min_llm_score: float | None = None
-    """Drop SWE-rebench tasks whose meta.llm_score is below this (null keeps all)."""
+    """Drop SWE-rebench tasks whose LLM quality is below this (null keeps all): 3 - max(issue_text_score,
+    test_score) of meta.llm_score (0 best .. 3 worst each), or the number itself when llm_score is one;
+    2 keeps tasks whose issue text and tests both scored 0 or 1. Tasks without a score are kept."""
+    max_train_tasks: int = 0
+    """Use only the first N training tasks by instance_id (0 = all); small pools for the CPU default and tests."""
+    factory_max_tasks: int = 72
+    """When train_file is missing, `swe-megatron run` builds tasks into its folder with the offline factory (this
+    many tasks in all, train + test)."""
     drop_import_attribute_errors: bool = True
-    """Drop tasks whose failing tests fail with ImportError/AttributeError."""
+    """Drop tasks whose failing tests fail with ImportError/AttributeError (read from the row's recorded
+    failures: extra.f2p_errors or a failure_log; rows without one are kept and counted)."""
 
 
 @dataclass
@@ -307,6 +320,12 @@ class EngineConfig:
     """First port; server i listens on port + i."""
     request_timeout_s: float = 600.0
     """Per-request timeout; a timeout is an infrastructure failure."""
+    weight_sync: str = "file"
+    """How trainer weights reach the servers each iteration: "file" (sharded HF safetensors export that the
+    servers reload; CPU and GPU) or "nccl" (GPU: trainer rank 0 broadcasts the tensors straight into the
+    servers' workers, which need `--worker-extension-cls swe_megatron.train.weight_sync.WeightReceiver`)."""
+    weight_sync_port: int = 29650
+    """nccl weight sync: TCP port of the rendezvous store that trainer rank 0 opens for the servers' workers."""
 
 
 @dataclass
@@ -373,6 +392,20 @@ class ClusterConfig:
     """Slurm time limit in minutes."""
     container_image: str = ""
     """Apptainer image of the trainer (clusters); empty runs in the current Python environment."""
+    qos: str = ""
+    """Slurm quality of service (empty: the account's default)."""
+    max_requeues: int = 3
+    """Times a preempted or timed-out job is requeued (resuming from the last complete iteration)."""
+    signal_delay_s: int = 600
+    """Slurm sends USR2 this long before the time limit; the run stops after the iteration in flight
+    commits and requeues, so make it longer than one iteration."""
+    startup_timeout_s: float = 900.0
+    """Slurm job: engines and sandbox servers must publish their addresses within this, else the job fails."""
+    log_dir: str = ""
+    """Slurm and submitit logs (empty: RUN_DIR/slurm); on the shared filesystem."""
+    rendezvous: str = ""
+    """Rendezvous file of the running Slurm job (engine and sandbox-server URLs, token file), set by the
+    launcher (slurm/*.sbatch, `swe-megatron launch`); empty: the run starts its own servers locally."""
 
 
 @dataclass
@@ -400,9 +433,28 @@ class AgentConfig:
     window: int = 100
     """Lines the file viewer shows at once (open/goto/scroll_up/scroll_down and edit answers)."""
     interactive_programs: list[str] = field(
-        default_factory=lambda: (
-            "vim vi nvim nano emacs pico less more most top htop man ipython jupyter ssh tmux screen gdb pdb watch"
-        ).split()
+        default_factory=lambda: [
+            "vim",
+            "vi",
+            "nvim",
+            "nano",
+            "emacs",
+            "pico",
+            "less",
+            "more",
+            "most",
+            "top",
+            "htop",
+            "man",
+            "ipython",
+            "jupyter",
+            "ssh",
+            "tmux",
+            "screen",
+            "gdb",
+            "pdb",
+            "watch",
+        ]
     )
     """Programs refused as the command of a shell turn (they wait for a terminal); also python/bash with no args."""
     search_max_matches: int = 100
@@ -413,8 +465,6 @@ class AgentConfig:
     """Episodes the rollout manager runs at once."""
     infra_retries: int = 2
     """Times an episode that ended in an infrastructure failure is run again before it is given up."""
-    drop_drifted: bool = True
-    """Mask (exclude) trajectories whose tokens drift from a re-render of their chat (invariant 1)."""
 
 
 @dataclass

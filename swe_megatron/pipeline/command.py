@@ -1,0 +1,82 @@
+"""`swe-megatron run CONFIG [key=value ...]` and `swe-megatron eval CONFIG --checkpoint DIR --tasks FILE --runs N`.
+
+run: the whole schedule (rft -> stage1 -> stage2 -> eval), resumable: rerunning the same command continues
+after the last committed iteration in run_dir. eval: pass@1 (mean +- SEM over N runs) and pass@k of an HF
+checkpoint on a task file, plus SWE-bench predictions JSONL.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _run(args: argparse.Namespace) -> int:
+    from swe_megatron.config.load import load_config
+    from swe_megatron.pipeline.driver import run
+
+    return run(load_config(args.config, args.overrides))
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from swe_megatron.cli import UsageError
+    from swe_megatron.config.load import load_config
+    from swe_megatron.pipeline.eval import evaluate
+    from swe_megatron.pipeline.stages import Context
+    from swe_megatron.pipeline.topology import Topology
+    from swe_megatron.rollout.setup import load_tasks
+
+    cfg = load_config(args.config, args.overrides)
+    ckpt = Path(args.checkpoint)
+    model_dir = ckpt / "hf" if (ckpt / "hf" / "config.json").exists() else ckpt
+    if not (model_dir / "config.json").exists():
+        raise UsageError(f"--checkpoint {ckpt}: no HF checkpoint (config.json) there or in {ckpt}/hf")
+    try:
+        tasks = load_tasks(args.tasks)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read tasks from {args.tasks}: {e}") from None
+    if args.max_tasks:
+        tasks = tasks[: args.max_tasks]
+    if args.runs < 1:
+        raise UsageError("--runs must be >= 1")
+    out = Path(args.out) if args.out else ckpt / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    from omegaconf import OmegaConf
+
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    with Topology(cfg, out / "topology", out / "config.yaml") as topo:
+        topo.start_sandbox_server()
+        topo.start_engines(str(model_dir), cfg.eval.context_length)
+        ctx = Context(cfg, None, topo, None, {}, [])
+        _, text = evaluate(ctx, tasks, args.runs, out, args.model_name or f"{cfg.model.name} ({ckpt})")
+    print(f"\n{text}\n\ntable: {out / 'table.md'}\nSWE-bench predictions: {out / 'predictions.jsonl'}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the run and eval subcommands."""
+    p = sub.add_parser("run", help="run (or resume) a config's schedule: rft -> stage1 -> stage2 -> eval")
+    p.add_argument("config", metavar="CONFIG", help="a preset under configs/ or a YAML path")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    p.set_defaults(func=_run)
+    e = sub.add_parser(
+        "eval", help="pass@1 +- SEM over N runs, pass@k and SWE-bench predictions of a checkpoint"
+    )
+    e.add_argument("config", metavar="CONFIG", help="a preset under configs/ or a YAML path")
+    e.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    e.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="HF checkpoint folder (or a run's checkpoint with hf/)",
+    )
+    e.add_argument("--tasks", required=True, metavar="FILE", help="JSONL task file")
+    e.add_argument(
+        "--runs", type=int, default=10, metavar="N", help="runs per task (default 10, the paper's)"
+    )
+    e.add_argument("--max-tasks", type=int, default=0, metavar="N", help="only the first N tasks")
+    e.add_argument("--out", metavar="DIR", help="output folder (default: DIR/eval)")
+    e.add_argument(
+        "--model-name", help="model_name_or_path in the predictions (default: model name + checkpoint)"
+    )
+    e.set_defaults(func=_eval)

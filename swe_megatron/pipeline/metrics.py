@@ -1,0 +1,59 @@
+"""What one iteration logs: plain dicts of scalars computed from trajectories, the batch and trainer metrics."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from swe_megatron.algo import length_penalty, mean_pass_at_k
+from swe_megatron.trajectory import Trajectory
+
+
+def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str, dict[str, float]]:
+    """Groups of scalars over the iteration's trajectories; model outcomes only, infra failures counted apart."""
+    valid = [t for t in trajs if not t.excluded]
+    n = max(len(valid), 1)
+    turns = sum(t.num_steps for t in valid)
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for t in valid:
+        by_task[t.task_id].append(bool(t.resolved))
+    infra = Counter()
+    for t in trajs:
+        if t.excluded:
+            kind = t.exit_reason.value if t.exit_reason.is_infra else "drift" if t.drifted else "grading"
+            infra[kind] += 1
+    actions = [sum(t.action_mask) for t in trajs]
+    engine_lp = [lp for t in valid for lp, m in zip(t.logprobs, t.action_mask) if m]
+    return {
+        "reward": {
+            "mean": sum(float(t.reward) for t in valid) / n,
+            "resolved_rate": sum(bool(t.resolved) for t in valid) / n,
+            "pass@1": mean_pass_at_k(by_task, 1) if by_task else 0.0,
+            "length_penalty_mean": sum(length_penalty(t.num_steps, t_max, l_thr) for t in valid) / n,
+        },
+        "episode": {
+            "steps_mean": turns / n,
+            "steps_max": max((t.num_steps for t in valid), default=0),
+            "submit_rate": sum(t.exit_reason.value == "submitted" for t in valid) / n,
+            "format_error_rate": sum(len(t.malformed_turns) for t in valid) / max(turns, 1),
+            "turn_limit_rate": sum(t.exit_reason.value == "turn_limit" for t in valid) / n,
+            "context_limit_rate": sum(t.exit_reason.value == "context_limit" for t in valid) / n,
+            "trajectories": float(len(trajs)),
+        },
+        "tokens": {
+            "generated": float(sum(actions)),
+            "trajectory_mean": sum(len(t.token_ids) for t in trajs) / max(len(trajs), 1),
+        },
+        # Mean -log p of the engine's own samples: an unbiased estimate of the sampling policy's entropy per token.
+        "policy": {"entropy_estimate": -sum(engine_lp) / len(engine_lp) if engine_lp else float("nan")},
+        "infra": {"failures": float(sum(infra.values())), **{k: float(v) for k, v in infra.items()}},
+    }
+
+
+def train_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Trainer metrics averaged over the iteration's optimiser steps (action tokens summed)."""
+    if not steps:
+        return {"optimizer_steps": 0.0}
+    out = {k: sum(s[k] for s in steps if k in s) / len(steps) for k in steps[0] if k != "action_tokens"}
+    out["optimizer_steps"] = float(len(steps))
+    out["tokens_trained"] = float(sum(s.get("action_tokens", 0.0) for s in steps))
+    return out

@@ -1,0 +1,181 @@
+"""The run directory: config, committed state, checkpoints, task-pool history, trajectories, TensorBoard logs.
+
+    RUN/config.yaml              the resolved config of the run (written once, checked on every resume)
+    RUN/state.json               committed progress: the units done (one atomic write per unit, LAST)
+    RUN/pool.json                the task pool as the running iteration leaves it (live, may be ahead)
+    RUN/units/UNIT/              everything one unit (an iteration, a warm start, an eval) writes:
+        trajectories.jsonl, metrics.json, pool.json (the pool after the unit), ...
+    RUN/checkpoints/UNIT/        trainer checkpoint (dist/) and HF export (hf/) after the unit
+    RUN/tensorboard/             event files
+    RUN/eval/                    the eval table and SWE-bench predictions
+
+A unit is committed by one atomic rewrite of state.json after its checkpoint, trajectories and pool
+snapshot are complete. On resume, units after the last committed one are redone from scratch: their
+folders are wiped, the live pool is restored from the last committed snapshot, so nothing is lost or
+counted twice, also after SIGKILL mid-unit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from swe_megatron.errors import UsageError
+
+STATE_FORMAT = 1
+RESUME_KEYS = ("model", "seed", "schedule", "tasks.train_file")
+"""Config keys that must not change when a run resumes (weights, sampling streams and unit order depend on them)."""
+STAGE_RESUME_KEYS = ("tasks_per_iteration", "samples_per_task", "warm_start")
+"""Per-stage keys that must not change for a stage that has committed units."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write text so that a crash leaves the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _get(cfg_dict: dict, dotted: str) -> Any:
+    node: Any = cfg_dict
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def resume_conflicts(old: dict, new: dict, started_stages: list[str]) -> list[str]:
+    """Human-readable differences between two resolved configs that break a resume (empty: compatible)."""
+    out = []
+    for key in RESUME_KEYS:
+        if _get(old, key) != _get(new, key):
+            out.append(f"{key}: {json.dumps(_get(old, key))} -> {json.dumps(_get(new, key))}")
+    for stage in started_stages:
+        for key in STAGE_RESUME_KEYS:
+            a, b = _get(old, f"{stage}.{key}"), _get(new, f"{stage}.{key}")
+            if a != b:
+                out.append(f"{stage}.{key}: {json.dumps(a)} -> {json.dumps(b)}")
+    return out
+
+
+class RunDir:
+    """Paths and committed state of one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.state_path = self.root / "state.json"
+        self.config_path = self.root / "config.yaml"
+        self.pool_path = self.root / "pool.json"
+        self.tensorboard = self.root / "tensorboard"
+        self.eval_dir = self.root / "eval"
+        self.state: dict[str, Any] = {"format": STATE_FORMAT, "done": [], "checkpoint": None, "step": 0}
+        if self.state_path.exists():
+            try:
+                self.state = json.loads(self.state_path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as e:
+                raise UsageError(
+                    f"{self.state_path} cannot be read ({e}); the run directory is damaged"
+                ) from None
+
+    # config ---------------------------------------------------------------------------------------
+    def bind_config(self, cfg) -> None:
+        """Store cfg on a new run; on a resumed run, refuse a config that breaks the resume."""
+        new = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.config_path.exists():
+            old = OmegaConf.to_container(OmegaConf.load(self.config_path), resolve=True)
+            started = sorted({u.split(":")[0] for u in self.state["done"]})
+            bad = resume_conflicts(old, new, started)
+            if bad:
+                raise UsageError(
+                    f"{self.root} holds a run whose config differs in ways that break resuming: "
+                    + "; ".join(bad)
+                    + f". Rerun with the stored config ({self.config_path}) or use a new run_dir=..."
+                )
+        write_atomic(self.config_path, OmegaConf.to_yaml(OmegaConf.create(new)))
+
+    # units ----------------------------------------------------------------------------------------
+    def is_done(self, unit: str) -> bool:
+        """Whether `unit` ("stage:iteration", "rft:warm_start", "eval") is committed."""
+        return unit in self.state["done"]
+
+    @property
+    def step(self) -> int:
+        """Global iteration counter (TensorBoard's x axis): committed training units so far."""
+        return int(self.state["step"])
+
+    def unit_dir(self, unit: str, fresh: bool = False) -> Path:
+        """The folder of a unit's outputs; fresh=True wipes leftovers of an uncommitted earlier attempt."""
+        d = self.root / "units" / unit.replace(":", "-")
+        if fresh:
+            shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def checkpoint_dir(self, unit: str) -> Path:
+        """Where a unit's checkpoint goes (wiped first: an uncommitted attempt may have left one)."""
+        d = self.root / "checkpoints" / unit.replace(":", "-")
+        shutil.rmtree(d, ignore_errors=True)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        return d
+
+    @property
+    def checkpoint(self) -> dict | None:
+        """{"unit", "path" (relative to the run dir), "stage"} of the last committed checkpoint, or None."""
+        return self.state.get("checkpoint")
+
+    def restore_pool(self) -> None:
+        """Make the live pool file the one of the last committed unit (or none), dropping uncommitted changes."""
+        last = self.state.get("pool_snapshot")
+        if last and (self.root / last).exists():
+            shutil.copyfile(self.root / last, self.pool_path)
+        else:
+            self.pool_path.unlink(missing_ok=True)
+
+    def commit(self, unit: str, checkpoint: dict | None = None, train_step: bool = True, **extra) -> None:
+        """Record `unit` as done: snapshot the pool, then ONE atomic state write; old checkpoints are pruned."""
+        d = self.unit_dir(unit)
+        if self.pool_path.exists():
+            shutil.copyfile(self.pool_path, d / "pool.json")
+            self.state["pool_snapshot"] = str((d / "pool.json").relative_to(self.root))
+        previous = self.state.get("checkpoint")
+        state = dict(self.state)
+        state["done"] = [*state["done"], unit]
+        if checkpoint is not None:
+            state["checkpoint"] = checkpoint
+        if train_step:
+            state["step"] = int(state["step"]) + 1
+        state.update(extra)
+        write_atomic(self.state_path, json.dumps(state, indent=1))
+        self.state = state
+        if checkpoint is not None and previous and previous["path"] != checkpoint["path"]:
+            shutil.rmtree(self.root / previous["path"], ignore_errors=True)
+
+
+def open_monitor(run: RunDir, cfg):
+    """The run's TensorBoard monitor; events at or after the first uncommitted step are purged on resume."""
+    from swe_megatron.monitor import Monitor, NullMonitor
+
+    if not cfg.monitor.tensorboard:
+        return NullMonitor(progress=cfg.monitor.progress)
+    monitor = Monitor(run.tensorboard, progress=cfg.monitor.progress)
+    if run.step:
+        # TensorBoard drops events with step >= purge_step written by earlier (killed) writers.
+        from torch.utils.tensorboard import SummaryWriter
+
+        monitor._writer.close()
+        monitor._writer = SummaryWriter(str(run.tensorboard), purge_step=run.step)
+    return monitor

@@ -1,0 +1,303 @@
+"""One unit of work per function: the initial policy, the warm start, an RFT iteration, a DAPO iteration.
+
+Every unit follows design.md's iteration: sample tasks -> rollouts (tasks x G, graded in the sandbox) ->
+batch -> trainer update -> export + weight sync -> pool record -> monitor -> checkpoint -> commit. A unit
+already committed in the run directory is skipped; an uncommitted one starts from scratch (run_dir.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from swe_megatron.algo import (
+    DapoOptions,
+    RefreshRule,
+    TaskPool,
+    build_dapo_batch,
+    num_optimizer_steps,
+    outcomes,
+    rft_select,
+    tasks_to_sample,
+)
+from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
+from swe_megatron.pipeline.run_dir import RunDir
+from swe_megatron.pipeline.topology import Topology
+from swe_megatron.rollout.rollouts import GradeOutcome, run_rollouts
+from swe_megatron.rollout.setup import make_setup
+from swe_megatron.sandbox.base import SandboxSpec
+from swe_megatron.tasks.schema import Task
+from swe_megatron.trajectory import Trajectory
+
+
+@dataclass
+class Context:
+    """What every unit needs: config, run directory, topology, monitor, tasks, and the live trainer."""
+
+    cfg: object
+    run: RunDir
+    topo: Topology
+    monitor: object
+    train_tasks: dict[str, Task]
+    tokenizer_files: list[Path]
+    trainer: object = None
+    trainer_stage: str | None = None
+    pool: TaskPool | None = field(default=None)
+
+    @property
+    def hf_dir(self) -> str:
+        """The HF export of the last committed checkpoint (what the engines serve)."""
+        return str(self.run.root / self.run.checkpoint["path"] / "hf")
+
+
+# --- trainer and checkpoints ---------------------------------------------------------------------------
+def _new_trainer(ctx: Context, stage_name: str, total_steps: int, from_hf: str | None):
+    from safetensors.torch import load_file
+
+    from swe_megatron.train.step import Trainer
+
+    stage = getattr(ctx.cfg, stage_name) if stage_name != "init" else ctx.cfg.rft
+    hf_state = None
+    if from_hf is not None:
+        hf_state = {}
+        for f in sorted(Path(from_hf).glob("*.safetensors")):
+            hf_state.update(load_file(str(f)))
+    return Trainer(ctx.cfg.model, ctx.cfg.parallel, stage.optim, max(total_steps, 1), hf_state=hf_state)
+
+
+def trainer_for(ctx: Context, stage_name: str, total_steps: int):
+    """The trainer of a stage: kept while the stage runs, resumed from its checkpoint (weights + optimiser)
+    after a restart, or started with a fresh optimiser from the previous stage's weights."""
+    if ctx.trainer is not None and ctx.trainer_stage == stage_name:
+        return ctx.trainer
+    ckpt = ctx.run.checkpoint
+    if ckpt and ckpt.get("stage") == stage_name:
+        ctx.trainer = _new_trainer(ctx, stage_name, total_steps, None)
+        ctx.trainer.load(str(ctx.run.root / ckpt["path"] / "dist"))
+    else:
+        ctx.trainer = _new_trainer(ctx, stage_name, total_steps, ctx.hf_dir)
+    ctx.trainer_stage = stage_name
+    return ctx.trainer
+
+
+def initial_policy(ctx: Context) -> None:
+    """Unit "init": the starting weights (cfg.model.hf_path, or a seeded random init) as checkpoint 0."""
+    if ctx.run.is_done("init"):
+        return
+    ckpt = ctx.run.checkpoint_dir("init")
+    trainer = _new_trainer(ctx, "init", 1, ctx.cfg.model.hf_path)
+    trainer.export(str(ckpt / "hf"), extra_files=ctx.tokenizer_files)
+    ctx.run.commit("init", {"unit": "init", "path": "checkpoints/init", "stage": None}, train_step=False)
+
+
+def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict) -> dict:
+    """Export into the unit's checkpoint, reload the engines from it, save the trainer state."""
+    from swe_megatron.train.weight_sync import sync_through_files
+
+    ckpt = ctx.run.checkpoint_dir(unit)
+    t = time.perf_counter()
+    report = sync_through_files(ctx.trainer, str(ckpt / "hf"), ctx.topo.engine, ctx.tokenizer_files)
+    timings["weight_sync_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ctx.trainer.save(str(ckpt / "dist"))
+    timings["checkpoint_s"] = time.perf_counter() - t
+    return {
+        "unit": unit,
+        "path": str(ckpt.relative_to(ctx.run.root)),
+        "stage": stage_name,
+        **report.metrics(),
+    }
+
+
+# --- samples -------------------------------------------------------------------------------------------
+def to_samples(trajs: list[Trajectory], masks: list[list[int]], advantages: list[float]):
+    """Trajectories -> TrainSamples: the engine's tokens, the loss mask, the advantage, engine logprobs."""
+    from swe_megatron.train.packing import TrainSample
+
+    out = []
+    for t, m, a in zip(trajs, masks, advantages):
+        mask = torch.tensor(m, dtype=torch.bool)
+        mask[0] = False
+        lp = torch.tensor(t.logprobs, dtype=torch.float32)
+        lp[~mask] = float("nan")
+        out.append(TrainSample(torch.tensor(t.token_ids, dtype=torch.long), mask, float(a), lp))
+    return out
+
+
+def _sft_steps(ctx: Context, stage, samples, epochs: int, seed: int) -> list[dict]:
+    """`epochs` passes over samples, each split into optimiser steps of at most stage.batch_size."""
+    from swe_megatron.algo import split_optimizer_steps
+    from swe_megatron.train.step import LossSpec
+
+    out = []
+    for e in range(epochs):
+        steps = split_optimizer_steps(list(range(len(samples))), stage.batch_size, stage.min_optimizer_steps,
+                                      stage.max_optimizer_steps, seed=seed + e)  # fmt: skip
+        for step in steps:
+            out += ctx.trainer.update([samples[i] for i in step], 1, LossSpec("sft"))
+    return out
+
+
+def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Path) -> None:
+    step = ctx.run.step
+    for group, values in metrics.items():
+        ctx.monitor.scalars(group, values, step)
+    ctx.monitor.histogram("episode/steps_hist", [t.num_steps for t in trajs], step)
+    ctx.monitor.histogram("episode/tokens_hist", [len(t.token_ids) for t in trajs], step)
+    from swe_megatron.rollout.command import render_trajectory
+
+    picks = sorted(trajs, key=lambda t: (not t.resolved, t.task_id, t.sample_index))
+    for i, t in enumerate(picks[: ctx.cfg.monitor.sample_trajectories]):
+        ctx.monitor.text(f"samples/{i}", f"{unit}\n\n```\n{render_trajectory(t)[:20000]}\n```", step)
+    ctx.monitor.flush()
+    (unit_dir / "metrics.json").write_text(json.dumps(metrics, indent=1, default=float))
+
+
+def _rollouts(ctx: Context, stage, tasks: list[Task], samples: int, unit_dir: Path, engine=None):
+    from swe_megatron.grading.grader import grade_one
+
+    cfg, client = ctx.cfg, ctx.topo.sandbox_client
+    log_root = unit_dir / "grade"
+
+    def grade(task: Task, patch: str) -> GradeOutcome:
+        r = grade_one(task, patch, client.sandbox, log_dir=log_root / f"{task.instance_id}-{time.monotonic_ns()}",
+                      test_timeout_s=cfg.sandbox.grade_timeout_s)  # fmt: skip
+        return GradeOutcome(r.reward or 0.0, r.resolved, r.error, r.duration_s)
+
+    def make_sandbox(task: Task):
+        return client.sandbox(SandboxSpec(repo_dir=task.extra["repo_dir"], env_dir=task.extra.get("env_dir")))
+
+    setup = make_setup(cfg, stage, engine or ctx.topo.engine, grade, make_sandbox)
+    t = time.perf_counter()
+    trajs, stats = run_rollouts(tasks, samples, setup, unit_dir / "trajectories.jsonl", cfg.monitor.progress)
+    seconds = {"rollout_s": time.perf_counter() - t}
+    # Grading runs inside each episode's slot; its share of the wall time is reported apart.
+    episode_sum = max(stats.seconds.get("episode", 0.0) + stats.seconds.get("grade", 0.0), 1e-9)
+    seconds["grade_s"] = seconds["rollout_s"] * stats.seconds.get("grade", 0.0) / episode_sum
+    seconds["generate_s"] = seconds["rollout_s"] * stats.seconds.get("generate", 0.0) / episode_sum
+    return trajs, seconds
+
+
+def _pool(ctx: Context, stage_name: str) -> TaskPool:
+    if ctx.pool is None:
+        ctx.pool = TaskPool.open(ctx.run.pool_path, sorted(ctx.train_tasks), ctx.cfg.seed)
+    ctx.pool.start_stage(stage_name, RefreshRule.from_stage_config(getattr(ctx.cfg, stage_name)))
+    return ctx.pool
+
+
+# --- units -----------------------------------------------------------------------------------------------
+def warm_start(ctx: Context, stage_name: str = "rft") -> None:
+    """Unit "rft:warm_start" (labelled, not the paper's): SFT on scripted gold solutions of the training tasks."""
+    from swe_megatron.agent.tokens import ChatFormat
+    from swe_megatron.engine.scripted import ScriptedPolicy
+    from swe_megatron.model.tokenizer import load_tokenizer
+    from swe_megatron.pipeline.warm_start import short_script
+
+    stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:warm_start"
+    if stage.warm_start != "scripted" or ctx.run.is_done(unit):
+        return
+    d = ctx.run.unit_dir(unit, fresh=True)
+    tasks = [ctx.train_tasks[k] for k in sorted(ctx.train_tasks)]
+    policy = ScriptedPolicy(ChatFormat(load_tokenizer(ctx.cfg.model.tokenizer)),
+                            {t.instance_id: short_script(t) for t in tasks})  # fmt: skip
+    trajs, seconds = _rollouts(ctx, stage, tasks, 1, d, engine=policy)
+    kept, masks, report = rft_select(trajs, stage.max_kept_per_task)
+    epochs = stage.warm_start_epochs
+    per_epoch = num_optimizer_steps(
+        len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
+    )
+    trainer_for(ctx, stage_name, max(per_epoch * epochs, 1))
+    t = time.perf_counter()
+    steps = _sft_steps(ctx, stage, to_samples(kept, masks, [0.0] * len(kept)), epochs, ctx.cfg.seed)
+    seconds["train_s"] = time.perf_counter() - t
+    ctx.trainer_stage = None  # RFT proper starts a fresh optimiser and schedule from these weights
+    ckpt = _checkpoint_and_sync(ctx, unit, "warm_start", seconds)
+    metrics = rollout_metrics(trajs, stage.t_max, stage.l_thr)
+    metrics["warm_start"] = {"scripted_resolved": float(report.kept), "scripted_tasks": float(len(tasks)),
+                             "epochs": float(epochs), **{f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}}  # fmt: skip
+    metrics["train"] = train_metrics(steps)
+    metrics["time"] = seconds
+    _log(ctx, unit, trajs, metrics, d)
+    ctx.run.commit(unit, ckpt)
+
+
+def rft_iteration(ctx: Context, it: int, stage_name: str = "rft") -> None:
+    """One RFT iteration: sample tasks x G from the model, keep resolved (malformed turns masked), SFT."""
+    stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:{it}"
+    if ctx.run.is_done(unit):
+        return
+    t0 = time.perf_counter()
+    d = ctx.run.unit_dir(unit, fresh=True)
+    pool = _pool(ctx, stage_name)
+    tasks = [ctx.train_tasks[k] for k in pool.sample(stage.tasks_per_iteration, it)]
+    trajs, seconds = _rollouts(ctx, stage, tasks, stage.samples_per_task, d)
+    kept, masks, report = rft_select(trajs, stage.max_kept_per_task)
+    per_it = num_optimizer_steps(
+        len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
+    )
+    trainer = trainer_for(ctx, stage_name, per_it * stage.iterations)
+    trainer.total_steps = max(
+        trainer.total_steps, trainer.steps_done + per_it * stage.epochs * (stage.iterations - it)
+    )
+    t = time.perf_counter()
+    steps = _sft_steps(
+        ctx, stage, to_samples(kept, masks, [0.0] * len(kept)), stage.epochs, ctx.cfg.seed + it
+    )
+    seconds["train_s"] = time.perf_counter() - t
+    ckpt = _checkpoint_and_sync(ctx, unit, stage_name, seconds)
+    pool.record(it, outcomes(trajs))
+    metrics = rollout_metrics(trajs, stage.t_max, stage.l_thr)
+    metrics["rft"] = report.as_metrics("")
+    metrics["train"] = train_metrics(steps)
+    metrics["time"] = seconds | {"iteration_s": time.perf_counter() - t0}
+    _log(ctx, unit, trajs, metrics, d)
+    ctx.run.commit(unit, ckpt)
+
+
+def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
+    """One DAPO iteration (stage1/stage2): rollouts, length penalty, group advantages, dynamic sampling, update."""
+    from swe_megatron.train.step import LossSpec
+
+    cfg, stage, unit = ctx.cfg, getattr(ctx.cfg, stage_name), f"{stage_name}:{it}"
+    if ctx.run.is_done(unit):
+        return
+    t0 = time.perf_counter()
+    d = ctx.run.unit_dir(unit, fresh=True)
+    pool = _pool(ctx, stage_name)
+    n = tasks_to_sample(stage.tasks_per_iteration, cfg.algo.oversample_factor, len(pool.active))
+    tasks = [ctx.train_tasks[k] for k in pool.sample(n, it)]
+    trajs, seconds = _rollouts(ctx, stage, tasks, stage.samples_per_task, d)
+    max_groups = stage.tasks_per_iteration if cfg.algo.oversample_factor > 1 else None
+    batch = build_dapo_batch(trajs, DapoOptions.from_config(cfg.algo, stage), max_groups)
+    adv = batch.advantages.tolist()
+    samples = to_samples(
+        batch.trajectories, [t.loss_mask(mask_malformed=False) for t in batch.trajectories], adv
+    )
+    n_steps = num_optimizer_steps(
+        len(samples), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
+    )
+    trainer = trainer_for(ctx, stage_name, stage.iterations * max(stage.max_optimizer_steps, 1))
+    t = time.perf_counter()
+    steps = (
+        trainer.update(samples, n_steps, LossSpec("dapo", stage.eps_low, stage.eps_high)) if samples else []
+    )
+    seconds["train_s"] = time.perf_counter() - t
+    ckpt = _checkpoint_and_sync(ctx, unit, stage_name, seconds)
+    pool.record(it, outcomes(trajs))
+    ds = batch.dynamic_sampling
+    metrics = rollout_metrics(trajs, stage.t_max, stage.l_thr)
+    metrics["reward"]["final_mean"] = batch.metrics.get("reward/final_mean", 0.0)
+    metrics["advantage"] = {"mean": sum(adv) / len(adv), "abs_mean": sum(map(abs, adv)) / len(adv),
+                            "min": min(adv), "max": max(adv)} if adv else {}  # fmt: skip
+    metrics["dynamic_sampling"] = {"dropped_groups": float(ds.dropped_all_equal_groups + ds.dropped_surplus_groups),
+                                   "dropped_trajectories": float(ds.dropped_all_equal + ds.dropped_zero_advantage + ds.dropped_surplus),
+                                   "kept": float(ds.kept), "excluded": float(batch.excluded)}  # fmt: skip
+    metrics["train"] = train_metrics(steps)
+    metrics["time"] = seconds | {"iteration_s": time.perf_counter() - t0}
+    metrics["pool"] = {"active": float(len(pool.active))}
+    _log(ctx, unit, trajs, metrics, d)
+    ctx.run.commit(unit, ckpt)

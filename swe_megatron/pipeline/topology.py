@@ -1,0 +1,252 @@
+"""The local topology of a run: vLLM server(s), a sandbox server, the trainer's process group.
+
+`Topology` owns every process it starts and stops all of them on exit, on Ctrl-C and on SIGTERM (the signal
+handlers stop the servers first, so in-flight episodes fail fast instead of running to their turn limit).
+Children get PR_SET_PDEATHSIG, so they also die when the driver is SIGKILLed; their process groups are
+recorded in RUN/topology/pids.json as well, and the next start in the same run directory reaps any that
+survived (a vLLM server forks its engine core, which a parent-death signal does not reach).
+
+Trainer: world size 1 here, rank 0 in the driver process (gloo on CPU). Multi-rank runs start the other
+ranks with torchrun/srun; they build the same Trainer and follow rank 0's calls (see README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from swe_megatron.engine.base import EngineError
+from swe_megatron.engine.vllm_server import VllmServer, server_command, server_env
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: new session (own process group) and SIGKILL when the parent dies."""
+    os.setsid()
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def reap_stale(pid_file: Path) -> int:
+    """Kill the process groups a previous driver recorded in pid_file if they still run; returns how many."""
+    try:
+        entries = json.loads(pid_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return 0
+    killed = 0
+    for e in entries:
+        if _start_time(e["pid"]) == e["start"]:
+            try:
+                os.killpg(e["pid"], signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    pid_file.unlink(missing_ok=True)
+    return killed
+
+
+class OwnedServer(VllmServer):
+    """A VllmServer that dies with the driver (parent-death signal) and is recorded for reaping."""
+
+    def start(self) -> None:
+        """Launch in its own session with PR_SET_PDEATHSIG (see module docstring)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                server_command(self.model_dir, self.port, self.cfg, self.max_model_len, self.served_name),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(self.cfg, self.work_dir),
+                preexec_fn=_die_with_parent,
+            )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_or_free(port: int) -> int:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            return _free_port()
+
+
+class Topology:
+    """Starts and owns the engines, the sandbox server and the trainer world of one run (a context manager)."""
+
+    def __init__(self, cfg, work_dir: Path, config_file: Path):
+        self.cfg = cfg
+        self.work_dir = Path(work_dir)
+        self.config_file = config_file
+        self.pid_file = self.work_dir / "pids.json"
+        self.servers: list[OwnedServer] = []
+        self.sandbox_proc: subprocess.Popen | None = None
+        self.sandbox_client = None
+        self.engine = None
+        self._old_handlers: dict[int, object] = {}
+
+    # lifecycle --------------------------------------------------------------------------------------
+    def __enter__(self) -> Topology:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        n = reap_stale(self.pid_file)
+        if n:
+            print(f"topology: stopped {n} process group(s) left by a killed earlier driver", file=sys.stderr)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+        for sig, h in self._old_handlers.items():
+            signal.signal(sig, h)
+        from swe_megatron.train import parallel
+
+        parallel.destroy()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_all()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    def _record(self) -> None:
+        procs = [s.proc for s in self.servers if s.proc] + ([self.sandbox_proc] if self.sandbox_proc else [])
+        entries = [{"pid": p.pid, "start": _start_time(p.pid)} for p in procs if p.poll() is None]
+        self.pid_file.write_text(json.dumps(entries))
+
+    def stop_all(self) -> None:
+        """Stop engines and the sandbox server (idempotent, safe from a signal handler)."""
+        if self.sandbox_client is not None:
+            with contextlib.suppress(Exception):  # best effort while shutting down
+                self.sandbox_client.close()
+            self.sandbox_client = None
+        self.stop_engines()
+        p, self.sandbox_proc = self.sandbox_proc, None
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self._record()
+
+    # trainer ----------------------------------------------------------------------------------------
+    def start_trainer_world(self) -> None:
+        """torch.distributed (world size 1, this process is rank 0) and Megatron-Core's groups."""
+        import torch
+
+        from swe_megatron.train import parallel
+
+        if self.cfg.parallel.world_size != 1:
+            raise EngineError(
+                f"parallel.world_size={self.cfg.parallel.world_size}: the local pipeline runs the trainer in the "
+                "driver process (world size 1); multi-rank training is launched through Slurm/torchrun"
+            )
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))))
+        parallel.init_distributed(0, 1, master_port=_free_port())
+        parallel.init_model_parallel(self.cfg.parallel, seed=self.cfg.seed)
+
+    # engines ----------------------------------------------------------------------------------------
+    def start_engines(self, model_dir: str, max_model_len: int):
+        """vLLM server(s) on model_dir; returns a VllmEngine over them (reused across stages)."""
+        from swe_megatron.agent.tokens import ChatFormat
+        from swe_megatron.engine.vllm import VllmEngine
+        from swe_megatron.model.tokenizer import load_tokenizer
+
+        ecfg = self.cfg.engine
+        # engine.port + i when free, else any free port (other runs on the machine may hold it).
+        self.servers = [
+            OwnedServer(
+                model_dir, _port_or_free(ecfg.port + i), ecfg, self._server_dir(i), max_model_len
+            )
+            for i in range(ecfg.num_servers)
+        ]
+        for s in self.servers:
+            s.start()
+        self._record()
+        for s in self.servers:
+            s.wait_healthy(timeout_s=600)
+        chat = ChatFormat(load_tokenizer(self.cfg.model.tokenizer))
+        self.engine = VllmEngine(
+            [s.url for s in self.servers], "policy", self.cfg.sampling, [chat.eos_id], ecfg.request_timeout_s
+        )
+        return self.engine
+
+    def _server_dir(self, i: int) -> Path:
+        # vLLM's IPC sockets live under this folder and a socket path may hold at most 107 bytes.
+        d = self.work_dir / f"vllm{i}"
+        if len(str(d.resolve())) > 40:
+            import tempfile
+
+            d = Path(tempfile.mkdtemp(prefix=f"swe-vllm{i}-"))
+            (self.work_dir / f"vllm{i}.where").write_text(str(d))
+        return d
+
+    def stop_engines(self) -> None:
+        """Stop the vLLM servers (e.g. before restarting them with a longer context)."""
+        for s in self.servers:
+            s.stop(grace_s=10)
+        self.servers, self.engine = [], None
+
+    # sandboxes --------------------------------------------------------------------------------------
+    def start_sandbox_server(self):
+        """A sandbox server subprocess for this node; returns a SandboxClient session with it."""
+        from swe_megatron.sandbox.client import SandboxClient
+
+        token = secrets.token_hex(24)
+        token_file = self.work_dir / "sandbox.token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        port = _free_port()
+        log = open(self.work_dir / "sandbox-server.log", "ab")  # noqa: SIM115 - the child owns it
+        cmd = [sys.executable, "-m", "swe_megatron.cli", "sandbox-server", "--port", str(port),
+               "--token-file", str(token_file), "--config", str(self.config_file)]  # fmt: skip
+        self.sandbox_proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+        log.close()
+        self._record()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            if self.sandbox_proc.poll() is not None:
+                tail = (self.work_dir / "sandbox-server.log").read_text(errors="replace")[-2000:]
+                raise EngineError(f"sandbox server exited ({self.sandbox_proc.returncode}):\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError as e:
+                if getattr(e, "code", None) in (401, 403):
+                    break  # up, only the health route wants the token
+                if time.monotonic() > deadline:
+                    raise EngineError(f"sandbox server on {url} did not come up in 120 s") from None
+                time.sleep(0.5)
+        self.sandbox_client = SandboxClient(url, token, command_timeout_s=self.cfg.sandbox.grade_timeout_s)
+        return self.sandbox_client

@@ -1,0 +1,6 @@
+"""Pipeline tests import their task builder (tiny_tasks.py) from this folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,0 +1,80 @@
+"""Run-directory commits and config checks, eval statistics and the Table-1 form (fast, no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swe_megatron.pipeline.eval import eval_report, table, write_predictions
+from swe_megatron.pipeline.run_dir import RunDir, resume_conflicts
+from swe_megatron.pipeline.warm_start import shortest_unique_replace
+from swe_megatron.trajectory import ExitReason, Trajectory
+
+
+def test_commit_is_one_atomic_state_write_and_prunes_old_checkpoints(tmp_path):
+    run = RunDir(tmp_path)
+    (tmp_path / "checkpoints" / "a").mkdir(parents=True)
+    run.pool_path.write_text("{}")
+    run.commit("init", {"unit": "init", "path": "checkpoints/a", "stage": None}, train_step=False)
+    run.checkpoint_dir("b").mkdir()
+    run.commit("stage1:0", {"unit": "stage1:0", "path": "checkpoints/b", "stage": "stage1"})
+    again = RunDir(tmp_path)
+    assert again.state["done"] == ["init", "stage1:0"] and again.step == 1
+    assert not (tmp_path / "checkpoints" / "a").exists() and (tmp_path / "checkpoints" / "b").exists()
+    run.pool_path.write_text('{"uncommitted": 1}')
+    again.restore_pool()
+    assert json.loads(run.pool_path.read_text()) == {}
+
+
+def test_resume_conflicts_name_the_keys():
+    old = {
+        "model": {"name": "a"},
+        "seed": 0,
+        "schedule": ["rft"],
+        "tasks": {"train_file": "t"},
+        "rft": {"samples_per_task": 2},
+    }
+    new = json.loads(json.dumps(old))
+    assert resume_conflicts(old, new, ["rft"]) == []
+    new["seed"], new["rft"]["samples_per_task"] = 1, 3
+    assert resume_conflicts(old, new, ["rft"]) == ["seed: 0 -> 1", "rft.samples_per_task: 2 -> 3"]
+    assert resume_conflicts(old, new, []) == ["seed: 0 -> 1"]
+
+
+def _t(task, k, resolved, infra=False):
+    return Trajectory(
+        task,
+        k,
+        resolved=resolved,
+        reward=float(resolved),
+        patch="p" if resolved else "",
+        exit_reason=ExitReason.engine_error if infra else ExitReason.submitted,
+    )
+
+
+def test_eval_report_table_and_predictions(tmp_path):
+    trajs = [
+        _t("a", 0, True),
+        _t("a", 1, False),
+        _t("b", 0, False),
+        _t("b", 1, False),
+        _t("c", 0, True),
+        _t("c", 1, True, infra=True),
+    ]
+    rep = eval_report(trajs, [1, 2], "m")
+    assert rep["tasks_scored"] == 2 and rep["tasks_left_out_infra"] == 1
+    assert rep["pass@1"] == pytest.approx(25.0) and rep["pass@1_sem"] == pytest.approx(25.0)
+    assert rep["pass@2"] == pytest.approx(50.0)
+    assert "| m | 25.0 +- 25.00 | 50.0 |" in table(rep, [1, 2])
+    first = write_predictions(trajs, "m", tmp_path)
+    rows = [json.loads(x) for x in first.read_text().splitlines()]
+    assert rows[0] == {"instance_id": "a", "model_name_or_path": "m", "model_patch": "p"} and len(rows) == 3
+
+
+def test_shortest_unique_replace():
+    src = "def f(x):\n    return x < 1\n\ndef g(y):\n    return y < 1\n"
+    search, repl = shortest_unique_replace(src, "    return x < 1", "    return x <= 1")
+    assert src.count(search) == 1 and len(search) <= 5
+    assert src.replace(search, repl) == src.replace("return x < 1", "return x <= 1")
+    assert shortest_unique_replace("a\na\n", "a", "b") is None
