@@ -145,6 +145,8 @@ def validate(cfg: Any) -> list[str]:
             "sandbox.backend=local runs agent code unsandboxed; allowed: bwrap or apptainer, "
             "or set sandbox.allow_local=true for development"
         )
+    if cfg.engine.weight_sync not in ("file", "nccl"):
+        out.append(f"engine.weight_sync={cfg.engine.weight_sync!r} is invalid; allowed: file, nccl")
     c = cfg.cluster
     if c.trainer_nodes + c.engine_nodes > c.nodes or c.trainer_nodes < 1:
         out.append(

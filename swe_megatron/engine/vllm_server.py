@@ -7,10 +7,12 @@ Caches, compile artefacts and IPC sockets go under `work_dir`, not ~/.cache or /
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -43,7 +45,30 @@ def server_command(
         cmd.append("--enforce-eager")
     if _has_gpu():
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if cfg.weight_sync == "nccl":
+        from swe_megatron.train.weight_sync import WORKER_EXTENSION
+
+        cmd += ["--worker-extension-cls", WORKER_EXTENSION]
     return cmd
+
+
+def die_with_parent() -> None:
+    """preexec_fn: own session/process group, and SIGKILL when the parent dies (even by SIGKILL).
+
+    The kernel's parent-death signal fires when the forking THREAD exits: start servers from a
+    long-lived thread (the driver's main thread).
+    """
+    os.setsid()
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _socket_dir(work_dir: Path) -> Path:
+    # vLLM's ZMQ IPC sockets live here and a socket path holds at most 107 bytes (uuid names appended).
+    rpc = work_dir / "rpc"
+    if len(str(rpc.resolve())) > 60:
+        rpc = Path(tempfile.mkdtemp(prefix="swe-vllm-rpc-"))
+    rpc.mkdir(parents=True, exist_ok=True)
+    return rpc
 
 
 def _has_gpu() -> bool:
@@ -63,7 +88,7 @@ def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
         VLLM_CPU_KVCACHE_SPACE=str(cfg.cpu_kvcache_gib),
         VLLM_SERVER_DEV_MODE="1",
         VLLM_CACHE_ROOT=str(cache / "vllm"),
-        VLLM_RPC_BASE_PATH=str(work_dir / "rpc"),
+        VLLM_RPC_BASE_PATH=str(_socket_dir(work_dir)),
         XDG_CACHE_HOME=str(cache),
         TRITON_CACHE_DIR=str(cache / "triton"),
         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
@@ -73,9 +98,12 @@ def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    for d in ("rpc", "tmp", "cache"):
+    for d in ("tmp", "cache"):
         (work_dir / d).mkdir(parents=True, exist_ok=True)
     return env
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -107,7 +135,7 @@ class VllmServer:
         return self.work_dir / f"vllm-{self.port}.log"
 
     def start(self) -> None:
-        """Launch the process in its own process group (returns at once; see wait_healthy)."""
+        """Launch in its own process group, killed if this process dies (returns at once; see wait_healthy)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
         self.proc = subprocess.Popen(
@@ -116,7 +144,7 @@ class VllmServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=server_env(self.cfg, self.work_dir),
-            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
 

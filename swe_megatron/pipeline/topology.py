@@ -13,7 +13,6 @@ ranks with torchrun/srun; they build the same Trainer and follow rank 0's calls 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -25,15 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from swe_megatron.engine.base import EngineError
-from swe_megatron.engine.vllm_server import VllmServer, server_command, server_env
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: new session (own process group) and SIGKILL when the parent dies."""
-    os.setsid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+from swe_megatron.engine.vllm_server import VllmServer, die_with_parent
 
 
 def _start_time(pid: int) -> str | None:
@@ -59,23 +50,6 @@ def reap_stale(pid_file: Path) -> int:
                 pass
     pid_file.unlink(missing_ok=True)
     return killed
-
-
-class OwnedServer(VllmServer):
-    """A VllmServer that dies with the driver (parent-death signal) and is recorded for reaping."""
-
-    def start(self) -> None:
-        """Launch in its own session with PR_SET_PDEATHSIG (see module docstring)."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                server_command(self.model_dir, self.port, self.cfg, self.max_model_len, self.served_name),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=server_env(self.cfg, self.work_dir),
-                preexec_fn=_die_with_parent,
-            )
 
 
 def _free_port() -> int:
@@ -105,7 +79,7 @@ class Topology:
         self.work_dir = Path(work_dir)
         self.config_file = config_file
         self.pid_file = self.work_dir / "pids.json"
-        self.servers: list[OwnedServer] = []
+        self.servers: list[VllmServer] = []
         self.sandbox_proc: subprocess.Popen | None = None
         self.sandbox_client = None
         self.engine = None
@@ -183,8 +157,8 @@ class Topology:
         ecfg = self.cfg.engine
         # engine.port + i when free, else any free port (other runs on the machine may hold it).
         self.servers = [
-            OwnedServer(
-                model_dir, _port_or_free(ecfg.port + i), ecfg, self._server_dir(i), max_model_len
+            VllmServer(
+                model_dir, _port_or_free(ecfg.port + i), ecfg, self.work_dir / f"vllm{i}", max_model_len
             )
             for i in range(ecfg.num_servers)
         ]
@@ -198,16 +172,6 @@ class Topology:
             [s.url for s in self.servers], "policy", self.cfg.sampling, [chat.eos_id], ecfg.request_timeout_s
         )
         return self.engine
-
-    def _server_dir(self, i: int) -> Path:
-        # vLLM's IPC sockets live under this folder and a socket path may hold at most 107 bytes.
-        d = self.work_dir / f"vllm{i}"
-        if len(str(d.resolve())) > 40:
-            import tempfile
-
-            d = Path(tempfile.mkdtemp(prefix=f"swe-vllm{i}-"))
-            (self.work_dir / f"vllm{i}.where").write_text(str(d))
-        return d
 
     def stop_engines(self) -> None:
         """Stop the vLLM servers (e.g. before restarting them with a longer context)."""
@@ -229,7 +193,7 @@ class Topology:
         cmd = [sys.executable, "-m", "swe_megatron.cli", "sandbox-server", "--port", str(port),
                "--token-file", str(token_file), "--config", str(self.config_file)]  # fmt: skip
         self.sandbox_proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
         )
         log.close()
         self._record()

@@ -16,8 +16,10 @@ CUDA streams and events. On CPU this module redirects all of that to the CPU:
   inert stand-in when it is not installed.
 
 It is applied once per process, by `enable()` (trainer ranks call it through `parallel.py`), and
-only when CUDA is absent; on a GPU machine `enable()` does nothing. `disable()` undoes it (tests). Context and sequence parallelism cannot run on CPU (both assert on Transformer Engine
-attention/norm kernels), so `refuse_unsupported()` rejects them with one clear message.
+only when CUDA is absent; on a GPU machine `enable()` does nothing. `disable()` undoes it (tests).
+Context and sequence parallelism cannot run on CPU (both assert on Transformer Engine attention/norm
+kernels), nor can activation recomputation (it reruns layers in the backward, outside the device mode),
+so `refuse_unsupported()` rejects them with one clear message.
 
 The patches are written against the Megatron-Core version in `PATCHED_VERSION` and refuse to apply to
 any other one: a newer Megatron-Core must be re-checked (tests/train/test_cpu_compat.py) first.
@@ -210,8 +212,12 @@ def is_enabled() -> bool:
     return bool(_state["enabled"])
 
 
-def refuse_unsupported(context_parallel: int, sequence_parallel: bool) -> None:
-    """Raise `UnsupportedOnCpu` for context or sequence parallelism on a machine without CUDA."""
+def refuse_unsupported(context_parallel: int, sequence_parallel: bool, recompute: str = "none") -> None:
+    """Raise `UnsupportedOnCpu` for context/sequence parallelism or recomputation on a machine without CUDA.
+
+    Recomputation reruns layers inside Megatron's checkpoint backward, where this module's device mode
+    is not active (autograd does not carry torch-function modes into it), so their CUDA calls fail.
+    """
     if torch.cuda.is_available():
         return
     wanted = []
@@ -219,9 +225,12 @@ def refuse_unsupported(context_parallel: int, sequence_parallel: bool) -> None:
         wanted.append(f"parallel.context_parallel={context_parallel}")
     if sequence_parallel:
         wanted.append("parallel.sequence_parallel=true")
+    if str(getattr(recompute, "value", recompute)) != "none":
+        wanted.append(f"parallel.recompute={getattr(recompute, 'value', recompute)}")
     if wanted:
         raise UnsupportedOnCpu(
             f"{' and '.join(wanted)} needs CUDA (Megatron-Core implements them with Transformer Engine "
-            "attention and norm kernels), and this machine has none: set parallel.context_parallel=1 "
-            "and parallel.sequence_parallel=false for CPU runs."
+            "attention and norm kernels; recomputation reruns CUDA code in the backward), and this machine "
+            "has none: set parallel.context_parallel=1, parallel.sequence_parallel=false and "
+            "parallel.recompute=none for CPU runs."
         )

@@ -104,10 +104,14 @@ def export_hf(
     dp_group=None,
     max_shard_bytes: int = 4 << 30,
     extra_files: list[str | os.PathLike] = (),
+    name_tied_lm_head: bool = False,
 ) -> ExportReport:
     """Write this model (a GPTModel stage on every rank) as a HF checkpoint folder `out`; all ranks call it.
 
-    extra_files (tokenizer files, generation config) are copied in by global rank 0.
+    extra_files (tokenizer files, generation config) are copied in by global rank 0. name_tied_lm_head
+    also writes a tied model's `lm_head.weight` (a copy of the embedding): vLLM 0.32's in-place reload
+    otherwise leaves the tied LM head on its old tensor (its layerwise reload restores modules that the
+    checkpoint does not name), so weight syncs into running servers set it.
     """
     start = time.perf_counter()
     out = Path(out)
@@ -118,6 +122,8 @@ def export_hf(
         tmp.mkdir(parents=True)
     _barrier()
     state = hf_state_of_stage(model, cfg, tp_group)
+    if name_tied_lm_head and cfg.tie_word_embeddings and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     writer = _rank(tp_group) == 0 and _rank(dp_group) == 0
     where = _write_stage(state, tmp, _rank(pp_group), max_shard_bytes) if writer else {}
     nbytes = sum(t.numel() * t.element_size() for t in state.values()) if writer else 0

@@ -150,6 +150,47 @@ def _params(model) -> list[tuple[str, torch.nn.Parameter, int | None, str]]:
     return out
 
 
+class HFCheckpoint(Mapping):
+    """A Hugging Face safetensors folder as a read-on-demand mapping of HF names to tensors.
+
+    `load_hf_state` asks only for the tensors of this rank's layers, so a 72B checkpoint is never held
+    whole by one rank (a dict of every tensor would be ~145 GB per rank).
+    """
+
+    def __init__(self, folder):
+        import json
+        from pathlib import Path
+
+        self.folder = Path(folder)
+        index = self.folder / "model.safetensors.index.json"
+        if index.is_file():
+            self._where = json.loads(index.read_text())["weight_map"]
+        else:
+            from safetensors import safe_open
+
+            files = sorted(p.name for p in self.folder.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(
+                    f"{self.folder}: no *.safetensors files (is it a HF checkpoint folder?)"
+                )
+            self._where = {}
+            for f in files:
+                with safe_open(str(self.folder / f), "pt") as h:
+                    self._where.update(dict.fromkeys(h.keys(), f))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self.folder / self._where[key]), "pt") as h:
+            return h.get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 @torch.no_grad()
 def load_hf_state(
     model, hf: Mapping[str, torch.Tensor], cfg: ModelConfig, tp_rank: int, tp_size: int
@@ -170,23 +211,28 @@ def load_hf_state(
         param.copy_(shard.to(param.dtype))
 
 
-@torch.no_grad()
-def hf_state_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False) -> dict[str, torch.Tensor]:
-    """Full HF-named tensors (CPU) of the layers this pipeline stage holds, gathered over `tp_group`.
+def iter_hf_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False):
+    """Yield (HF name, full tensor) for the layers this pipeline stage holds, one Megatron parameter at a time.
 
-    Every rank of the TP group must call it. Tied output weights are exported once (embed_tokens).
-    grads=True gives the gradients (Megatron DDP's `main_grad`) under the same names instead.
+    The tensors stay on the parameters' device and are gathered over `tp_group` as they are produced, so a
+    consumer that streams them (weight sync over NCCL) never holds more than one parameter's worth. Every
+    rank of the TP group must drive the generator to the end, in lockstep. Tied output weights are yielded
+    once (embed_tokens). grads=True gives the gradients (Megatron DDP's `main_grad`) under the same names.
     """
     tp = dist.get_world_size(tp_group) if tp_group is not None else 1
-    out: dict[str, torch.Tensor] = {}
-    for _, param, layer, name in _params(model):
-        if name == "output_layer.weight" and cfg.tie_word_embeddings:
-            continue
-        local = (param.main_grad if grads else param).detach()
-        if tp > 1 and getattr(param, "tensor_model_parallel", False):
-            shards = [torch.empty_like(local) for _ in range(tp)]
-            dist.all_gather(shards, local.contiguous(), group=tp_group)
-        else:
-            shards = [local] * tp
-        out.update({k: v.cpu().clone() for k, v in hf_from_megatron_shards(name, shards, cfg, layer).items()})
-    return out
+    with torch.no_grad():
+        for _, param, layer, name in _params(model):
+            if name == "output_layer.weight" and cfg.tie_word_embeddings:
+                continue
+            local = (param.main_grad if grads else param).detach()
+            if tp > 1 and getattr(param, "tensor_model_parallel", False):
+                shards = [torch.empty_like(local) for _ in range(tp)]
+                dist.all_gather(shards, local.contiguous(), group=tp_group)
+            else:
+                shards = [local] * tp
+            yield from hf_from_megatron_shards(name, shards, cfg, layer).items()
+
+
+def hf_state_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False) -> dict[str, torch.Tensor]:
+    """Full HF-named tensors (CPU copies) of the layers this pipeline stage holds; see `iter_hf_of_stage`."""
+    return {k: v.cpu().clone() for k, v in iter_hf_of_stage(model, cfg, tp_group, grads)}

@@ -160,13 +160,13 @@ def build_model(
     """A GPTModel for this rank's pipeline stage (pre/post_process: first/last stage).
 
     Model-parallel state must be initialised (`parallel.init_model_parallel`) so TP/PP shard shapes and
-    the RNG tracker are known.
+    the RNG tracker are known. On a CUDA machine the model ends up on the current device.
     """
     from megatron.core.models.gpt import GPTModel
 
     cfg = transformer_config(model, parallel)
     yarn = model.rope_scaling.type == "yarn"
-    return GPTModel(
+    module = GPTModel(
         config=cfg,
         transformer_layer_spec=layer_spec(parallel),
         vocab_size=model.vocab_size,
@@ -180,3 +180,7 @@ def build_model(
         position_embedding_type="yarn" if yarn else "rope",
         rotary_base=model.rope_theta,
     )
+    if torch.cuda.is_available():
+        # use_cpu_initialization builds the shards on the CPU (same weights for any TP); train on the GPU.
+        module.cuda(torch.cuda.current_device())
+    return module

@@ -68,9 +68,20 @@ class MicroBatch:
         """Action tokens in this micro-batch."""
         return int(self.targets.numel())
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """This micro-batch with its tensors on `device` (the trainer's GPU; a no-op on CPU)."""
+        if self.tokens.device == torch.device(device):
+            return self
+        move = {k: getattr(self, k) for k in ("tokens", "position_ids", "rows", "targets", "advantages")}
+        move["engine_logprobs"] = self.engine_logprobs
+        out = {k: v.to(device, non_blocking=True) for k, v in move.items()}
+        old = None if self.old_logprobs is None else self.old_logprobs.to(device)
+        return MicroBatch(**out, sample_ids=self.sample_ids, old_logprobs=old)
 
-def _collate(samples: list[TrainSample], ids: list[int]) -> MicroBatch:
+
+def _collate(samples: list[TrainSample], ids: list[int], pad_multiple: int = 1) -> MicroBatch:
     s = max(int(x.tokens.numel()) for x in samples)
+    s = -(-s // pad_multiple) * pad_multiple
     b = len(samples)
     tokens = torch.zeros(b, s, dtype=torch.long)
     rows, targets, adv, eng = [], [], [], []
@@ -94,10 +105,13 @@ def _collate(samples: list[TrainSample], ids: list[int]) -> MicroBatch:
     )
 
 
-def pack(samples: list[TrainSample], token_budget: int, ids: list[int] | None = None) -> list[MicroBatch]:
+def pack(
+    samples: list[TrainSample], token_budget: int, ids: list[int] | None = None, pad_multiple: int = 1
+) -> list[MicroBatch]:
     """Group `samples` into micro-batches of at most `token_budget` padded tokens (b x longest row).
 
-    Longest first, first fit: rows of similar length share a micro-batch, which keeps padding low.
+    Longest first, first fit: rows of similar length share a micro-batch, which keeps padding low. Rows are
+    padded to a multiple of `pad_multiple` (context parallelism needs 2 x CP, sequence parallelism TP).
     """
     if token_budget <= 0:
         raise ValueError(f"micro_batch_tokens must be positive, got {token_budget}")
@@ -113,7 +127,42 @@ def pack(samples: list[TrainSample], token_budget: int, ids: list[int] | None = 
                 break
         else:
             bins.append([i])
-    return [_collate([samples[i] for i in members], [ids[i] for i in members]) for members in bins]
+    return [
+        _collate([samples[i] for i in members], [ids[i] for i in members], pad_multiple) for members in bins
+    ]
+
+
+def split_for_context_parallel(mb: MicroBatch, cp_rank: int, cp_size: int) -> MicroBatch:
+    """This context-parallel rank's share of `mb`, in Megatron-Core's load-balanced layout.
+
+    The sequence [b, s] is cut into 2 x cp_size chunks of c = s / (2 cp_size) tokens; rank r keeps chunks r
+    and 2 cp_size - 1 - r (so causal attention work is even), as `get_batch_on_this_cp_rank` does. Action
+    rows whose hidden state falls in those chunks are kept and re-indexed into the local [b, 2c] layout;
+    the others belong to other CP ranks (every action row lands on exactly one rank).
+    """
+    b, s = mb.tokens.shape
+    if s % (2 * cp_size):
+        raise ValueError(f"sequence length {s} is not a multiple of 2 x context_parallel = {2 * cp_size}")
+    c = s // (2 * cp_size)
+    lo, hi = cp_rank, 2 * cp_size - 1 - cp_rank
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[:, lo * c : (lo + 1) * c], t[:, hi * c : (hi + 1) * c]], dim=1).contiguous()
+
+    row, pos = mb.rows // s, mb.rows % s
+    chunk = pos // c
+    keep = (chunk == lo) | (chunk == hi)
+    local_pos = torch.where(chunk == lo, pos - lo * c, c + pos - hi * c)
+    return MicroBatch(
+        tokens=local(mb.tokens),
+        position_ids=local(mb.position_ids),
+        rows=(row * 2 * c + local_pos)[keep],
+        targets=mb.targets[keep],
+        advantages=mb.advantages[keep],
+        engine_logprobs=mb.engine_logprobs[keep],
+        sample_ids=mb.sample_ids,
+        old_logprobs=None if mb.old_logprobs is None else mb.old_logprobs[keep],
+    )
 
 
 def split_for_data_parallel(samples: list[TrainSample], dp_rank: int, dp_size: int) -> list[int]:

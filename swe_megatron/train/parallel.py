@@ -39,7 +39,7 @@ def init_model_parallel(parallel: ParallelConfig, seed: int = 0) -> None:
     """
     from megatron.core import parallel_state, tensor_parallel
 
-    cpu_compat.refuse_unsupported(parallel.context_parallel, parallel.sequence_parallel)
+    cpu_compat.refuse_unsupported(parallel.context_parallel, parallel.sequence_parallel, parallel.recompute)
     if not torch.cuda.is_available():
         cpu_compat.enable()
     world = dist.get_world_size()

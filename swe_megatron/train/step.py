@@ -17,6 +17,7 @@ loop broadcasts it); metrics come back on every rank.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -32,6 +33,7 @@ from swe_megatron.train.packing import (
     MicroBatch,
     TrainSample,
     pack,
+    split_for_context_parallel,
     split_for_data_parallel,
     split_into_steps,
 )
@@ -76,7 +78,8 @@ def _finalize_grads(model, num_tokens, **kwargs):
 class Trainer:
     """A Megatron-Core policy with its optimiser and LR schedule, for this rank's part of the layout.
 
-    total_steps: optimiser steps of the whole stage (the cosine schedule's length).
+    total_steps: optimiser steps of the whole stage (the cosine schedule's length). hf_state: HF-named
+    weights to start from, e.g. `hf_convert.HFCheckpoint(folder)` (read on demand); None keeps the random init.
     """
 
     def __init__(
@@ -85,7 +88,7 @@ class Trainer:
         parallel_cfg: ParallelConfig,
         optim_cfg: OptimConfig,
         total_steps: int,
-        hf_state: dict[str, torch.Tensor] | None = None,
+        hf_state: Mapping[str, torch.Tensor] | None = None,
     ):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -98,6 +101,13 @@ class Trainer:
             ps.get_data_parallel_group(),
             ps.get_pipeline_model_parallel_group(),
         )
+        # Context-parallel ranks hold parts of the same trajectories: token counts and metric sums run over
+        # data x context parallel (as Megatron's DDP does for gradients); the batch split over DP only.
+        self.cp_rank, self.cp_size = ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()
+        self.dp_cp_group = ps.get_data_parallel_group(with_context_parallel=True)
+        # Batches and metric reductions live where the model does (NCCL reduces only CUDA tensors).
+        on_gpu = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         module = build_model(model_cfg, parallel_cfg, self.first_stage, self.last_stage)
         if hf_state is not None:
             hf_convert.load_hf_state(
@@ -159,7 +169,8 @@ class Trainer:
             data_iterator=iter(microbatches),
             model=self.model,
             num_microbatches=len(microbatches),
-            seq_length=max(mb.tokens.shape[1] for mb in microbatches),
+            # Megatron divides by CP itself when it sizes pipeline messages: pass the full length.
+            seq_length=max(mb.tokens.shape[1] for mb in microbatches) * self.cp_size,
             micro_batch_size=max(mb.tokens.shape[0] for mb in microbatches),
             forward_only=forward_only,
         )
@@ -167,13 +178,20 @@ class Trainer:
     def _my_microbatches(self, samples: list[TrainSample], ids: list[int]) -> list[MicroBatch]:
         mine = split_for_data_parallel([samples[i] for i in ids], *self._dp())
         chosen = [ids[i] for i in mine]
-        return pack([samples[i] for i in chosen], self.parallel_cfg.micro_batch_tokens, chosen)
+        par = self.parallel_cfg
+        multiple = (2 * self.cp_size if self.cp_size > 1 else 1) * (
+            par.tensor_parallel if par.sequence_parallel else 1
+        )
+        mbs = pack([samples[i] for i in chosen], par.micro_batch_tokens, chosen, multiple)
+        if self.cp_size > 1:
+            mbs = [split_for_context_parallel(mb, self.cp_rank, self.cp_size) for mb in mbs]
+        return [mb.to(self.device) for mb in mbs]
 
     def _dp(self) -> tuple[int, int]:
         return dist.get_rank(self.dp_group), dist.get_world_size(self.dp_group)
 
     def _sum(self, values: list[float], groups) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         for g in groups:
             dist.all_reduce(t, group=g)
         return t.tolist()
@@ -185,7 +203,7 @@ class Trainer:
 
         def keep(mb, logprobs):
             mb.old_logprobs = logprobs.detach().float()
-            return logprobs.sum() * 0.0, torch.tensor(0), {}
+            return logprobs.sum() * 0.0, torch.tensor(0, device=logprobs.device), {}
 
         self.model.eval()
         self._run(microbatches, keep, forward_only=True)
@@ -194,8 +212,8 @@ class Trainer:
     def train_step(self, microbatches: list[MicroBatch], loss: LossSpec) -> dict[str, float]:
         """One optimiser step over this rank's micro-batches (old_logprobs must be set for DAPO)."""
         local_tokens = sum(mb.num_action_tokens for mb in microbatches)
-        (global_tokens,) = self._sum([local_tokens], [self.dp_group])
-        denom = torch.tensor(max(global_tokens, 1.0), dtype=torch.float64)
+        (global_tokens,) = self._sum([local_tokens], [self.dp_cp_group])
+        denom = torch.tensor(max(global_tokens, 1.0), dtype=torch.float64, device=self.device)
 
         def loss_fn(mb, logprobs):
             mask = torch.ones_like(mb.targets, dtype=torch.bool)
@@ -210,7 +228,7 @@ class Trainer:
             value = value.float()
             n = mb.num_action_tokens
             report = {"loss": value.detach().double()} | {k: v.double() * n for k, v in stats.items()}
-            return value, torch.tensor(n), report
+            return value, torch.tensor(n, device=value.device), report
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -222,7 +240,7 @@ class Trainer:
         self.steps_done += 1
         keys = ("loss", "clip_frac_low", "clip_frac_high", "approx_kl", "nll")
         sums = [sum(float(r[k]) for r in reports if k in r) for k in keys]
-        totals = self._sum(sums, [self.dp_group, self.pp_group])
+        totals = self._sum(sums, [self.dp_cp_group, self.pp_group])
         out = {"loss": totals[0], "action_tokens": global_tokens}
         for k, v in zip(keys[1:], totals[1:]):
             if (loss.kind == "dapo") == (k != "nll"):
@@ -262,8 +280,8 @@ class Trainer:
                 # k3 estimate of KL(engine || trainer) under engine samples: exp(-d) - 1 + d, d = trainer - engine.
                 k3 += float((torch.exp(d) - 1 - d).sum())
                 worst = max(worst, float(d.abs().max()))
-        abs_sum, count, k3 = self._sum([abs_sum, count, k3], [self.dp_group, self.pp_group])
-        w = torch.tensor([worst], dtype=torch.float64)
+        abs_sum, count, k3 = self._sum([abs_sum, count, k3], [self.dp_cp_group, self.pp_group])
+        w = torch.tensor([worst], dtype=torch.float64, device=self.device)
         dist.all_reduce(w, op=dist.ReduceOp.MAX)
         n = max(count, 1.0)
         return {
@@ -272,8 +290,11 @@ class Trainer:
             "logprob_kl_k3": k3 / n,
         }
 
-    def export(self, out: str, extra_files=()):
-        """Write the current weights as a sharded HF safetensors folder (all ranks call it); an ExportReport."""
+    def export(self, out: str, extra_files=(), name_tied_lm_head: bool = False):
+        """Write the current weights as a sharded HF safetensors folder (all ranks call it); an ExportReport.
+
+        name_tied_lm_head: also name a tied LM head (needed by vLLM's in-place reload; see export_hf).
+        """
         from swe_megatron.train.export import export_hf
 
         return export_hf(
@@ -284,6 +305,7 @@ class Trainer:
             self.pp_group,
             self.dp_group,
             extra_files=extra_files,
+            name_tied_lm_head=name_tied_lm_head,
         )
 
     # --- checkpoints ---------------------------------------------------------------------------

@@ -68,7 +68,10 @@ def test_context_and_sequence_parallel_refused():
         cpu_compat.refuse_unsupported(2, False)
     with pytest.raises(cpu_compat.UnsupportedOnCpu, match="sequence_parallel=true"):
         cpu_compat.refuse_unsupported(1, True)
+    with pytest.raises(cpu_compat.UnsupportedOnCpu, match="recompute=full"):
+        cpu_compat.refuse_unsupported(1, False, "full")
     cpu_compat.refuse_unsupported(1, False)
+    cpu_compat.refuse_unsupported(1, False, "none")
 
 
 def test_triton_stand_in_when_absent(monkeypatch):

@@ -59,6 +59,11 @@ def test_export_shards_by_size(megatron_world, tmp_path):
     exported = {k: v for f in files for k, v in load_file(str(f)).items()}
     assert exported.keys() == hf.state_dict().keys()
     assert all(torch.equal(exported[k], v) for k, v in hf.state_dict().items())
+    # Read back on demand through the index, as a trainer rank loads a large checkpoint.
+    from swe_megatron.train.hf_convert import HFCheckpoint
+
+    lazy = HFCheckpoint(tmp_path / "hf")
+    assert set(lazy) == exported.keys() and all(torch.equal(lazy[k], exported[k]) for k in exported)
 
 
 def test_lr_schedule_warmup_then_constant_or_cosine():

@@ -1,0 +1,101 @@
+"""`swe-megatron plan --model PRESET --context N --gpus N`: trainer layouts and their memory per GPU.
+
+Lists every valid TP x PP x CP x DP layout for the model at that context length on that many trainer GPUs,
+with estimated GiB per GPU (weights, fp32 grads, Adam state with and without the distributed optimizer,
+activations with the chosen recomputation) and flags those that do not fit; the first row is the
+recommended layout. The assumptions are in `swe_megatron/train/memory_plan.py`'s docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from swe_megatron.config import ConfigError
+from swe_megatron.config.load import find_preset, load_config
+from swe_megatron.config.schema import ModelConfig, Recompute
+from swe_megatron.train.memory_plan import format_table, plan_layouts
+
+
+def load_model_preset(name: str) -> ModelConfig:
+    """The ModelConfig of a run preset (paper-72b) or a model fragment (qwen2.5-72b-instruct, model/...)."""
+    try:
+        return OmegaConf.to_object(load_config(name).model)
+    except ConfigError:
+        pass
+    # A model fragment alone is not a valid run (stage contexts may exceed its length): read just `model:`.
+    for candidate in (name, f"model/{name}"):
+        try:
+            path = find_preset(candidate)
+        except ConfigError:
+            continue
+        data = yaml.safe_load(path.read_text()) or {}
+        if "model" in data:
+            try:
+                return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), data["model"]))
+            except OmegaConfBaseException as e:
+                raise ConfigError(f"{path}: model section is invalid: {e}") from None
+    raise ConfigError(
+        f"model preset {name!r} not found: give a run preset (e.g. paper-72b), a model preset "
+        "under configs/model/ (e.g. qwen2.5-72b-instruct) or a YAML path"
+    )
+
+
+def _plan(args: argparse.Namespace) -> int:
+    model = load_model_preset(args.model)
+    layouts = plan_layouts(
+        model,
+        args.context,
+        args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        gpu_gib=args.gpu_gib,
+        recompute=Recompute(args.recompute),
+        distributed_optimizer=not args.no_distributed_optimizer,
+        overhead_gib=args.overhead_gib,
+        usable_fraction=args.usable_fraction,
+    )
+    fitting = [x for x in layouts if x.fits]
+    print(
+        f"{model.name}: {args.context} tokens per sequence on {args.gpus} GPUs "
+        f"({args.gpu_gib:g} GiB, {args.gpus_per_node} per node), recompute={args.recompute}, "
+        f"distributed optimizer={'off' if args.no_distributed_optimizer else 'on'}; GiB per GPU, most "
+        f"loaded GPU; {len(fitting)} of {len(layouts)} layouts fit"
+    )
+    shown = layouts if args.all else layouts[: args.top]
+    print(format_table(shown) if shown else "no valid layout (check heads/layers/GPU count)")
+    if fitting:
+        best = fitting[0]
+        print(
+            f"recommended: parallel.tensor_parallel={best.tp} parallel.pipeline_parallel={best.pp} "
+            f"parallel.context_parallel={best.cp} parallel.world_size={args.gpus} (DP {best.dp}), "
+            f"sequence_parallel={'true' if best.tp > 1 else 'false'}"
+        )
+        return 0
+    print("no layout fits: more GPUs, a shorter context, or recompute=full")
+    return 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the plan subcommand."""
+    p = sub.add_parser("plan", help="trainer layouts (TP/PP/CP/DP) with estimated memory per GPU")
+    p.add_argument(
+        "--model", required=True, help="run preset (paper-72b) or model preset (qwen2.5-72b-instruct)"
+    )
+    p.add_argument("--context", type=int, required=True, help="tokens per sequence (e.g. 131072)")
+    p.add_argument("--gpus", type=int, required=True, help="trainer GPUs in all")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node; TP stays within a node")
+    p.add_argument("--gpu-gib", type=float, default=140.0, help="memory per GPU in GiB (H200: 140)")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="full")
+    p.add_argument(
+        "--no-distributed-optimizer", action="store_true", help="replicate Adam state on every DP rank"
+    )
+    p.add_argument(
+        "--overhead-gib", type=float, default=8.0, help="fixed per-GPU overhead (context, NCCL, TE)"
+    )
+    p.add_argument("--usable-fraction", type=float, default=0.9, help="share of GPU memory a layout may use")
+    p.add_argument("--top", type=int, default=12, help="rows shown (recommendation order)")
+    p.add_argument("--all", action="store_true", help="show every valid layout")
+    p.set_defaults(func=_plan)

@@ -1,0 +1,79 @@
+"""The layout planner: a hand-computed small case, monotonicity, infeasible layouts flagged, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from swe_megatron.config.schema import ModelConfig, Recompute
+from swe_megatron.train.memory_plan import GIB, estimate, plan_layouts, total_params, valid_layouts
+
+SMALL = ModelConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=192, num_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, tie_word_embeddings=False, params_dtype="bfloat16",
+)  # fmt: skip
+
+
+def test_small_case_by_hand():
+    # Per layer: q/o 2 * 64*64, k/v 2 * 64*32, q/k/v bias 64+32+32, SwiGLU 3 * 64*192, two norms 2 * 64.
+    per_layer = 2 * 64 * 64 + 2 * 64 * 32 + 128 + 3 * 64 * 192 + 2 * 64
+    assert per_layer == 49408
+    params = 2 * per_layer + 2 * 256 * 64 + 64  # + embedding, output layer, final norm
+    assert total_params(SMALL) == params == 131648
+    x = estimate(
+        SMALL, 128, 1, 1, 1, 1, recompute=Recompute.full, distributed_optimizer=False, overhead_gib=0
+    )
+    assert x.weights * GIB == pytest.approx(2 * params)
+    assert x.grads * GIB == pytest.approx(4 * params)
+    assert x.optimizer * GIB == pytest.approx(12 * params)
+    # Full recompute: 2 layers x 128 tokens x 2h bytes of layer inputs; one layer rebuilt (x2 for grads)
+    # at 10h + 4*kv*d + 8f = 2304 bytes/token; a 1024-row fp32 logits chunk (x2) and the final hidden states.
+    kept = 2 * 128 * 2 * 64
+    working = 2 * 128 * 2304
+    logits = 1024 * 256 * 4 * 2 + 128 * 64 * 2
+    assert x.activations * GIB == pytest.approx(kept + working + logits)
+    # TP=2 halves the sharded parameters and (sequence parallel) the stored activations.
+    y = estimate(
+        SMALL, 128, 2, 1, 1, 1, recompute=Recompute.full, distributed_optimizer=False, overhead_gib=0
+    )
+    assert y.weights * GIB == pytest.approx(2 * params / 2)
+
+
+def test_estimates_move_the_right_way():
+    m = ModelConfig(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, params_dtype="bfloat16",
+    )  # fmt: skip
+    base = estimate(m, 32768, 4, 1, 1, 4)
+    assert estimate(m, 65536, 4, 1, 1, 4).activations > base.activations
+    assert estimate(m, 65536, 4, 1, 2, 2).activations < estimate(m, 65536, 4, 1, 1, 4).activations
+    assert estimate(m, 32768, 4, 1, 1, 8).optimizer < base.optimizer  # more DP shards Adam further
+    assert estimate(m, 32768, 4, 1, 1, 4, distributed_optimizer=False).total > base.total
+    assert estimate(m, 32768, 4, 2, 1, 2).weights < base.weights
+    act = [estimate(m, 32768, 4, 1, 1, 4, recompute=r).activations for r in Recompute]
+    assert act[2] < act[1] < act[0]  # full < selective < none
+
+
+def test_layout_rules_and_infeasible_layouts_are_flagged():
+    m72 = ModelConfig(
+        vocab_size=152064, hidden_size=8192, intermediate_size=29568, num_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, params_dtype="bfloat16",
+    )  # fmt: skip
+    for tp, pp, cp, dp in valid_layouts(m72, 131072, 64):
+        assert tp * pp * cp * dp == 64 and tp <= 8 and 80 % pp == 0 and 8 % tp == 0
+    # One node cannot hold 72B with Adam at 131k, whatever the layout.
+    small = plan_layouts(m72, 131072, 8)
+    assert small and not any(x.fits for x in small)
+    many = plan_layouts(m72, 131072, 64)
+    assert many[0].fits and not many[-1].fits
+    assert [x.fits for x in many] == sorted((x.fits for x in many), reverse=True)
+
+
+def test_plan_command_for_the_72b_preset(capsys):
+    from swe_megatron.cli import main
+
+    assert main(["plan", "--model", "paper-72b", "--context", "131072", "--gpus", "64", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended: parallel.tensor_parallel=8" in out
+    preset = [line for line in out.splitlines() if line.split()[:4] == ["8", "2", "4", "1"]]
+    assert preset and preset[0].endswith("yes")  # configs/paper-72b.yaml's layout fits too
+    assert main(["plan", "--model", "qwen2.5-72b-instruct", "--context", "131072", "--gpus", "8"]) == 1
