@@ -125,6 +125,11 @@ def test_server_ignores_generation_config_and_keeps_caches_local(tmp_path):
     assert cmd[cmd.index("--logprobs-mode") + 1] == "raw_logprobs" and "--enforce-eager" in cmd
     env = server_env(EngineConfig(cpu_kvcache_gib=1), tmp_path)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert all(
-        Path(env[k]).is_relative_to(tmp_path) for k in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR")
-    )
+    assert all(Path(env[k]).is_relative_to(tmp_path) for k in ("VLLM_CACHE_ROOT", "TMPDIR"))
+    # IPC sockets: under the work dir when its path is short, else a short private folder (107-byte limit).
+    rpc = Path(env["VLLM_RPC_BASE_PATH"])
+    assert rpc.is_dir() and len(str(rpc)) <= 60
+    assert rpc.is_relative_to(tmp_path) == (len(str((tmp_path / "rpc").resolve())) <= 60)
+    assert "--worker-extension-cls" not in cmd
+    nccl = server_command("/m", 8100, EngineConfig(weight_sync="nccl"), 8192, "policy")
+    assert nccl[nccl.index("--worker-extension-cls") + 1] == "swe_megatron.train.weight_sync.WeightReceiver"
