@@ -25,6 +25,8 @@ COMMANDS = [
     "swe_megatron.grading.command",  # grade
     "swe_megatron.tasks.command",  # make-tasks
     "swe_megatron.train.command",  # plan
+    "swe_megatron.pipeline.command",  # run, eval
+    "swe_megatron.launch.command",  # launch, build-sifs, job-step
 ]
 
 

@@ -1,0 +1,137 @@
+# shellcheck shell=bash
+# Shared body of slurm/{rft,stage1,stage2,eval}.sbatch (sourced), and of `swe-megatron launch` jobs
+# (run as `bash slurm/common.sh CONFIG [key=value ...]`: the config's whole schedule).
+#
+# Inside one allocation it starts, as srun job steps (design.md, "Process topology on a cluster"):
+#   1. one sandbox server per node        `swe-megatron job-step sandbox-server`  (CPU only)
+#   2. the vLLM servers on the engine nodes `swe-megatron job-step engine`        (when cluster.engine_nodes > 0)
+#   3. waits until all of them published their URL: JOB_DIR/rendezvous.json (mode 0600, token in
+#      JOB_DIR/sandbox.token; JOB_DIR = RUN_DIR/jobs/SLURM_JOB_ID, mode 0700)
+#   4. the trainer ranks on the trainer nodes: `swe-megatron run CONFIG schedule=[STAGE] cluster.rendezvous=...`
+#      (rank 0 drives the iteration); the job's exit status is the trainer's.
+# On USR2 (sbatch --signal=B:USR2@cluster.signal_delay_s before the time limit, or `scancel --signal=USR2`)
+# the run stops after the iteration in flight (or is stopped by SIGTERM after the grace time), and the job
+# requeues itself (`scontrol requeue`); the requeued job resumes from the last complete iteration.
+#
+# Environment (all optional except where the site needs them):
+#   SWE_MEGATRON_REPO     checkout of this repository on the shared filesystem (default: the folder sbatch
+#                         was called from, which must hold slurm/common.sh)
+#   SWE_MEGATRON_CONFIG   run preset or YAML (default paper-72b); a first argument without '=' overrides it
+#   SWE_MEGATRON_RUN_DIR  run directory on the shared filesystem (default: the config's run_dir, relative
+#                         to SWE_MEGATRON_REPO)
+#   SWE_MEGATRON_IMAGE    trainer Apptainer image (containers/trainer.def); empty: run from SWE_MEGATRON_PYTHON
+#   SWE_MEGATRON_BINDS    extra comma-separated bind paths for the image (shared filesystems, data, SIF folder)
+#   SWE_MEGATRON_PYTHON   Python with this package installed (default REPO/.venv/bin/python, else python3)
+#   SWE_MEGATRON_REQUEUE  1 (default): requeue this job after a USR2 stop; 0: leave it to the caller (submitit)
+#   SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS   sbatch's own variables (or -p/-A/-q on the command line)
+
+_sm_die() {
+  echo "swe-megatron job: ERROR: $*" >&2
+  exit 2
+}
+_sm_log() { echo "swe-megatron job: $(date +%H:%M:%S) $*"; }
+
+_sm_setup() {
+  [[ -n ${SLURM_JOB_ID:-} ]] || _sm_die "not inside a Slurm job: submit with sbatch slurm/stage2.sbatch"
+  REPO=${SWE_MEGATRON_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
+  [[ -f $REPO/slurm/common.sh ]] \
+    || _sm_die "SWE_MEGATRON_REPO=$REPO is not a swe_megatron checkout (no slurm/common.sh); submit from the repository root or set SWE_MEGATRON_REPO"
+  cd "$REPO" || _sm_die "cannot cd to $REPO"
+  if [[ -n ${SWE_MEGATRON_IMAGE:-} ]]; then
+    [[ -f $SWE_MEGATRON_IMAGE ]] || _sm_die "SWE_MEGATRON_IMAGE=$SWE_MEGATRON_IMAGE does not exist; build it with containers/trainer.def (see containers/README.md)"
+    command -v apptainer >/dev/null || _sm_die "SWE_MEGATRON_IMAGE is set but apptainer is not on PATH (module load apptainer?)"
+    local binds=$REPO${SWE_MEGATRON_BINDS:+,$SWE_MEGATRON_BINDS}
+    SM=(apptainer exec --nv --bind "$binds" --pwd "$REPO" --env "PYTHONPATH=$REPO" "$SWE_MEGATRON_IMAGE" python -m swe_megatron.cli)
+  else
+    local py=${SWE_MEGATRON_PYTHON:-}
+    [[ -z $py && -x $REPO/.venv/bin/python ]] && py=$REPO/.venv/bin/python
+    py=${py:-python3}
+    "$py" -c 'import swe_megatron' 2>/dev/null \
+      || _sm_die "$py cannot import swe_megatron: set SWE_MEGATRON_IMAGE (Apptainer) or SWE_MEGATRON_PYTHON, or run tools/install_cpu.sh"
+    SM=("$py" -m swe_megatron.cli)
+  fi
+}
+
+_sm_on_usr2() {
+  _sm_log "USR2: stopping after the iteration in flight, then requeueing"
+  STOP_REQUESTED=1
+  [[ -n ${TRAINER_PID:-} ]] && kill -USR2 "$TRAINER_PID" 2>/dev/null
+  return 0
+}
+
+_sm_cleanup() {
+  local pid
+  for pid in ${SERVER_PIDS:-}; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in ${SERVER_PIDS:-}; do wait "$pid" 2>/dev/null; done
+  SERVER_PIDS=""
+}
+
+# swe_megatron_job STAGE [CONFIG] [key=value ...]   (STAGE "" runs the config's whole schedule)
+swe_megatron_job() {
+  local stage=$1
+  shift
+  local config=${SWE_MEGATRON_CONFIG:-paper-72b}
+  if [[ $# -gt 0 && $1 != *=* ]]; then
+    config=$1
+    shift
+  fi
+  local overrides=("$@")
+  [[ -n $stage ]] && overrides+=("schedule=[$stage]")
+  [[ -n ${SWE_MEGATRON_RUN_DIR:-} ]] && overrides+=("run_dir=$SWE_MEGATRON_RUN_DIR")
+  _sm_setup
+  STOP_REQUESTED=0 TRAINER_PID="" SERVER_PIDS=""
+  trap _sm_on_usr2 USR2
+  trap _sm_cleanup EXIT
+
+  local layout
+  layout=$("${SM[@]}" job-step init "$config" "${overrides[@]}") || _sm_die "job-step init failed (message above)"
+  eval "$layout"
+  _sm_log "job $SLURM_JOB_ID: ${stage:-schedule of $config} on $N_NODES node(s); trainer $TRAINER_NODES ($TRAINER_TASKS rank(s)), engines ${ENGINE_NODES:-started by the run}; run dir $RUN_DIR"
+
+  local logs=$JOB_DIR/logs
+  srun --overlap --nodes="$N_NODES" --ntasks="$N_NODES" --ntasks-per-node=1 --nodelist="$ALL_NODES" \
+    --kill-on-bad-exit=0 --output="$logs/sandbox-step-%t.out" \
+    "${SM[@]}" job-step --job-dir "$JOB_DIR" sandbox-server "$config" "${overrides[@]}" &
+  SERVER_PIDS+=" $!"
+  if ((N_ENGINES > 0)); then
+    srun --overlap --nodes="$N_ENGINE_NODES" --ntasks="$N_ENGINES" --ntasks-per-node="$ENGINES_PER_NODE" \
+      --nodelist="$ENGINE_NODES" --gpus-per-task="$GPUS_PER_ENGINE" --kill-on-bad-exit=0 \
+      --output="$logs/engine-step-%t.out" \
+      "${SM[@]}" job-step --job-dir "$JOB_DIR" --stage "$stage" engine "$config" "${overrides[@]}" &
+    SERVER_PIDS+=" $!"
+  fi
+  # shellcheck disable=SC2086
+  "${SM[@]}" job-step wait --job-dir "$JOB_DIR" --engines "$N_ENGINES" --sandboxes "$N_NODES" \
+    --timeout "$STARTUP_TIMEOUT_S" --watch $SERVER_PIDS || _sm_die "servers did not come up (see $logs)"
+
+  local gpus=()
+  ((GPUS_PER_NODE > 0)) && gpus=(--gpus-per-node="$GPUS_PER_NODE")
+  srun --overlap --nodes="$N_TRAINER_NODES" --ntasks="$TRAINER_TASKS" --ntasks-per-node="$TRAINER_TASKS_PER_NODE" \
+    --nodelist="$TRAINER_NODES" "${gpus[@]}" --kill-on-bad-exit=1 \
+    "${SM[@]}" job-step --run-dir "$RUN_DIR" --grace "$((SIGNAL_DELAY_S > 60 ? SIGNAL_DELAY_S - 60 : 0))" \
+    trainer "$config" "${overrides[@]}" "cluster.rendezvous=$JOB_DIR/rendezvous.json" &
+  TRAINER_PID=$!
+  local rc
+  while :; do
+    wait "$TRAINER_PID"
+    rc=$?
+    kill -0 "$TRAINER_PID" 2>/dev/null || break # else: wait was interrupted by USR2
+  done
+  TRAINER_PID=""
+  _sm_cleanup
+  if ((rc == 75)); then # EXIT_RESUMABLE: stopped before the end of the schedule
+    if [[ ${SWE_MEGATRON_REQUEUE:-1} == 1 ]]; then
+      _sm_log "requeueing job $SLURM_JOB_ID (restart count ${SLURM_RESTART_COUNT:-0}); it resumes from $RUN_DIR"
+      scontrol requeue "$SLURM_JOB_ID" || _sm_die "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? sbatch --requeue)"
+      exit 0
+    fi
+    _sm_log "stopped before the end of the schedule; the caller requeues"
+    exit 75
+  fi
+  _sm_log "trainer finished with status $rc; TensorBoard: tensorboard --logdir $RUN_DIR/tensorboard"
+  exit "$rc"
+}
+
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then # executed, not sourced: the config's whole schedule
+  swe_megatron_job "" "$@"
+fi
