@@ -1,0 +1,1 @@
+"""The offline task factory behind `swe-megatron make-tasks` (see build.py)."""
