@@ -28,6 +28,7 @@ from pathlib import Path
 import submitit
 
 from swe_megatron.launch.slurm_env import LaunchError, SlurmEnv
+from swe_megatron.launch.steps import STOP_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 """The repository this package runs from (slurm/common.sh is found there)."""
@@ -36,11 +37,15 @@ REPO = Path(__file__).resolve().parents[2]
 class PipelineJob(submitit.helpers.Checkpointable):
     """The submitted callable: runs the pipeline in a child process, stops it cleanly on checkpoint()."""
 
-    def __init__(self, config: str, overrides: list[str], repo: str = str(REPO), image: str = ""):
+    def __init__(self, config: str, overrides: list[str], repo: str = str(REPO), image: str = "",
+                 grace_s: float = 0.0):  # fmt: skip
         self.config = config
         self.overrides = list(overrides)
         self.repo = repo
         self.image = image
+        self.grace_s = grace_s
+        """Local runs: seconds checkpoint() lets the run finish its unit before SIGTERM (in Slurm the trainer
+        step applies the same grace, cluster.signal_delay_s - 60)."""
         self._proc: subprocess.Popen | None = None
         self._rc: int | None = None
 
@@ -48,7 +53,13 @@ class PipelineJob(submitit.helpers.Checkpointable):
         return {k: v for k, v in self.__dict__.items() if k not in ("_proc", "_rc")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _proc=None, _rc=None)
+        self.__dict__.update({"grace_s": 0.0, **state}, _proc=None, _rc=None)
+
+    @property
+    def stop_file(self) -> Path | None:
+        """RUN_DIR/STOP (the run stops after the unit in flight commits while it exists); None without run_dir."""
+        run_dirs = [o.split("=", 1)[1] for o in self.overrides if o.startswith("run_dir=")]
+        return Path(run_dirs[-1]) / STOP_FILE if run_dirs else None
 
     def command(self, in_slurm: bool) -> list[str]:
         """What the job runs: the sbatch body inside Slurm, else `swe-megatron run`."""
@@ -68,6 +79,8 @@ class PipelineJob(submitit.helpers.Checkpointable):
         if self.image:
             env["SWE_MEGATRON_IMAGE"] = self.image
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        if self.stop_file is not None:
+            self.stop_file.unlink(missing_ok=True)  # left by the stop that requeued this job
         self._rc = None
         self._proc = subprocess.Popen(self.command(in_slurm), cwd=self.repo, env=env)
         # Wait in a thread and poll a plain attribute: checkpoint() runs in a signal handler on this thread,
@@ -82,16 +95,31 @@ class PipelineJob(submitit.helpers.Checkpointable):
         return rc
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
-        """USR2: let the run stop at a safe point (the child gets USR2 too), wait for it, requeue a fresh job."""
+        """USR2: ask the run to stop after the unit in flight commits (RUN_DIR/STOP), wait for it, requeue.
+
+        In Slurm the child (slurm/common.sh) gets USR2 too and its trainer step bounds the wait; locally the
+        run gets SIGTERM after grace_s (its uncommitted unit is redone on resume).
+        """
         proc = self._proc
         if proc is not None and self._rc is None:
+            if self.stop_file is not None:
+                with contextlib.suppress(OSError):
+                    self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+                    self.stop_file.write_text(f"checkpoint at {time.ctime()}\n")
+            in_slurm = SlurmEnv.detect() is not None
             with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGUSR2)
+                if in_slurm:
+                    proc.send_signal(signal.SIGUSR2)  # common.sh passes it to the trainer step
+            deadline = time.monotonic() + (self.grace_s if self.stop_file is not None else 0.0)
             while self._rc is None:
+                if not in_slurm and time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.terminate()
+                    deadline = float("inf")
                 time.sleep(0.5)
         print(f"checkpoint: run stopped (status {self._rc}); requeueing to resume", flush=True)
         return submitit.helpers.DelayedSubmission(
-            PipelineJob(self.config, self.overrides, self.repo, self.image)
+            PipelineJob(self.config, self.overrides, self.repo, self.image, self.grace_s)
         )
 
 
@@ -139,6 +167,9 @@ def submit(config: str, overrides: list[str], cluster: str = "slurm"):
     ex = make_executor(cfg, cluster, folder)
     config_path = config if not Path(config).exists() else str(Path(config).resolve())
     try:
-        return ex.submit(PipelineJob(config_path, overrides, image=cfg.cluster.container_image))
+        grace = max(float(cfg.cluster.signal_delay_s) - 60.0, 0.0)  # as slurm/common.sh's trainer step
+        return ex.submit(
+            PipelineJob(config_path, overrides, image=cfg.cluster.container_image, grace_s=grace)
+        )
     except (FileNotFoundError, submitit.core.utils.FailedJobError) as e:
         raise LaunchError(f"submitting through submitit ({cluster}) failed: {e}") from None

@@ -3,6 +3,9 @@
 `run(cfg)` resumes whatever the run directory already committed. Units, in order: init (starting weights),
 rft:warm_start (only with rft.warm_start: scripted; NOT the paper's), rft:0.., stage1:0.., stage2:0..,
 eval. World size 1: rank 0 (this process) drives rollouts, grading and batching and trains.
+
+Graceful stop: after each committed unit, if RUN_DIR/STOP exists, `run` stops and returns EXIT_RESUMABLE (75),
+leaving the file for the launcher (which removes it when it starts the next attempt; see launch/steps.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,22 @@ from swe_megatron.errors import UsageError
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
 from swe_megatron.pipeline.stages import Context, dapo_iteration, initial_policy, rft_iteration, warm_start
 from swe_megatron.pipeline.topology import Topology
+
+EXIT_RESUMABLE = 75
+"""Exit status of a run stopped on request (RUN_DIR/STOP) before the end of its schedule."""
+STOP_FILE = "STOP"
+"""RUN_DIR/STOP: stop after the unit in flight commits."""
+
+
+class StopRequested(Exception):
+    """RUN_DIR/STOP was found after a committed unit."""
+
+
+def _check_stop(run_dir: RunDir) -> None:
+    """Raise StopRequested if a stop was asked for (called only between units, i.e. at a committed state)."""
+    if (run_dir.root / STOP_FILE).exists():
+        done = run_dir.state["done"]
+        raise StopRequested(done[-1] if done else "nothing")
 
 
 def planned_units(cfg) -> list[str]:
@@ -93,22 +112,38 @@ def run(cfg) -> int:
     with Topology(cfg, run_dir.root / "topology", run_dir.config_path) as topo:
         topo.start_trainer_world()
         ctx = Context(cfg, run_dir, topo, monitor, train, sorted(p for p in tok.iterdir() if p.is_file()))
-        initial_policy(ctx)
-        topo.start_sandbox_server()
-        contexts = [getattr(cfg, s).context_length for s in cfg.schedule if s != "eval"] + [
-            cfg.eval.context_length
-        ]
-        topo.start_engines(ctx.hf_dir, max(contexts))
-        for name in cfg.schedule:
-            if name == "rft":
-                warm_start(ctx)
-                for it in range(cfg.rft.iterations):
-                    rft_iteration(ctx, it)
-            elif name in ("stage1", "stage2"):
-                for it in range(getattr(cfg, name).iterations):
-                    dapo_iteration(ctx, name, it)
+        try:
+            initial_policy(ctx)
+            _check_stop(run_dir)
+            topo.start_sandbox_server()
+            contexts = [getattr(cfg, s).context_length for s in cfg.schedule if s != "eval"] + [
+                cfg.eval.context_length
+            ]
+            topo.start_engines(ctx.hf_dir, max(contexts))
+            for name in cfg.schedule:
+                if name == "rft":
+                    warm_start(ctx)
+                    _check_stop(run_dir)
+                    for it in range(cfg.rft.iterations):
+                        rft_iteration(ctx, it)
+                        _check_stop(run_dir)
+                elif name in ("stage1", "stage2"):
+                    for it in range(getattr(cfg, name).iterations):
+                        dapo_iteration(ctx, name, it)
+                        _check_stop(run_dir)
+                else:
+                    final_eval(ctx, test)
+        except StopRequested as stop:
+            if all(run_dir.is_done(u) for u in planned_units(cfg)):
+                pass  # the last unit committed: the run is complete, nothing to resume
             else:
-                final_eval(ctx, test)
+                monitor.close()
+                print(
+                    f"run: {run_dir.root / STOP_FILE} exists: stopped after {stop}; rerun to resume "
+                    f"(remove the file first when not launched by swe-megatron launch / slurm)",
+                    flush=True,
+                )
+                return EXIT_RESUMABLE
     monitor.close()
     return _summary(run_dir)
 

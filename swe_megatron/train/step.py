@@ -318,23 +318,34 @@ class Trainer:
         }
 
     def save(self, path: str) -> None:
-        """Save model, optimiser and step count with dist_checkpointing (loadable at another TP/PP layout)."""
+        """Save model, optimiser and step count with dist_checkpointing (loadable at another TP/PP layout).
+
+        Before the first optimiser step Adam has no state yet, so only the model is saved (and `load`
+        restores such a checkpoint as a fresh optimiser on its weights).
+        """
         import os
 
         from megatron.core import dist_checkpointing
 
         os.makedirs(path, exist_ok=True)
-        dist_checkpointing.save(self._sharded_state(), path)
+        has_optimizer = self.steps_done > 0
+        state = self._sharded_state() if has_optimizer else {"model": self.model.module.sharded_state_dict()}
+        dist_checkpointing.save(state, path)
         if dist.get_rank() == 0:
-            torch.save({"steps_done": self.steps_done}, f"{path}/trainer.pt")
+            torch.save({"steps_done": self.steps_done, "has_optimizer": has_optimizer}, f"{path}/trainer.pt")
         dist.barrier()
 
     def load(self, path: str) -> None:
         """Restore a checkpoint written by `save`, whatever layout it was saved from."""
         from megatron.core import dist_checkpointing
 
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True), path)
-        self.model.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
         extra = torch.load(f"{path}/trainer.pt", weights_only=False)
+        has_optimizer = extra.get("has_optimizer", True)
+        if has_optimizer:
+            state = dist_checkpointing.load(self._sharded_state(is_loading=True), path)
+        else:
+            state = dist_checkpointing.load({"model": self.model.module.sharded_state_dict()}, path)
+        self.model.module.load_state_dict(state["model"])
+        if has_optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.steps_done = extra["steps_done"]

@@ -132,3 +132,28 @@ def test_executor_parameters_come_from_the_cluster_config(tmp_path):
     assert job.command(False)[-3:] == ["run", "paper-72b", "a=1"]
     state = job.__getstate__()
     assert "_proc" not in state and json.dumps(state)
+
+
+def test_checkpoint_asks_the_run_to_stop_through_run_dir_stop(tmp_path, monkeypatch):
+    """Locally checkpoint() writes RUN_DIR/STOP, waits for the run to exit by itself (grace), requeues."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from swe_megatron.launch.submit import PipelineJob
+
+    for k in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    stop = tmp_path / "STOP"
+    job = PipelineJob("embedded", [f"run_dir={tmp_path}"], repo=str(tmp_path), grace_s=30)
+    assert job.stop_file == stop
+    # a stand-in run: exits 75 once STOP appears (as the driver does after its unit commits)
+    code = f"import os,sys,time\nwhile not os.path.exists({str(stop)!r}): time.sleep(0.05)\nsys.exit(75)"
+    job._proc = proc = subprocess.Popen([sys.executable, "-c", code])
+    threading.Thread(target=lambda: setattr(job, "_rc", proc.wait()), daemon=True).start()
+    t = time.monotonic()
+    again = job.checkpoint()
+    assert job._rc == 75 and stop.exists() and time.monotonic() - t < 20  # stopped by itself, not SIGTERM
+    assert again.function.grace_s == 30 and again.function.stop_file == stop
+    assert PipelineJob("c", ["a=1"]).stop_file is None

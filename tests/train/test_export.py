@@ -76,3 +76,28 @@ def test_lr_schedule_warmup_then_constant_or_cosine():
     lrs = [lr_at(k, cos, 110) for k in range(110)]
     assert lrs[0] == pytest.approx(5e-7) and lrs[9] == 5e-6 and lrs[10] == 5e-6
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == 0.0
+
+
+def test_checkpoint_before_the_first_step_resumes_like_a_fresh_trainer(megatron_world, tmp_path):
+    """Adam has no state before its first step: such a checkpoint holds the model only and still loads."""
+    from swe_megatron.train import parallel
+    from swe_megatron.train.model import model_config_from_hf
+
+    hf = tiny_hf(seed=3)
+    cfg = model_config_from_hf(hf.config)
+    par = ParallelConfig(micro_batch_tokens=64)
+    parallel.init_model_parallel(par, seed=1)
+    saved = Trainer(cfg, par, OPTIM, total_steps=4, hf_state=hf.state_dict())
+    saved.save(str(tmp_path / "ckpt"))
+    assert torch.load(tmp_path / "ckpt" / "trainer.pt", weights_only=False) == {
+        "steps_done": 0,
+        "has_optimizer": False,
+    }
+    resumed = Trainer(cfg, par, OPTIM, total_steps=4, hf_state=tiny_hf(seed=4).state_dict())
+    resumed.load(str(tmp_path / "ckpt"))
+    assert resumed.steps_done == 0
+    a = saved.update(batch(4), 1, LossSpec("sft"))
+    b = resumed.update(batch(4), 1, LossSpec("sft"))
+    assert a[0]["loss"] == pytest.approx(b[0]["loss"], abs=1e-7)
+    for p, q in zip(saved.model.parameters(), resumed.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-7)
