@@ -99,19 +99,30 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     scalars = read_scalars(run_dir / "tensorboard")
     wanted = [
         "reward/mean", "reward/resolved_rate", "reward/pass@1", "reward/length_penalty_mean", "episode/steps_mean",
-        "episode/steps_max", "episode/submit_rate", "episode/format_error_rate", "advantage/mean",
-        "dynamic_sampling/dropped_groups", "train/approx_kl", "train/clip_frac_low", "train/clip_frac_high",
-        "train/logprob_mismatch_abs_mean", "policy/entropy_estimate", "tokens/generated", "train/tokens_trained",
+        "episode/steps_max", "episode/submit_rate", "episode/format_error_rate",
+        "dynamic_sampling/dropped_groups", "policy/entropy_estimate", "tokens/generated", "train/tokens_trained",
         "time/rollout_s", "time/grade_s", "time/train_s", "time/weight_sync_s", "infra/failures", "eval/pass@1",
     ]  # fmt: skip
+    # DAPO update metrics exist only for iterations that had a mixed group (dynamic sampling drops all-equal
+    # groups, and the tiny model may fail every episode): required exactly when a DAPO unit trained.
+    trained = [
+        u for u in ("stage1-0", "stage1-1", "stage2-0")
+        if json.loads((run_dir / "units" / u / "metrics.json").read_text()).get("train", {}).get("optimizer_steps", 0) > 0
+    ]  # fmt: skip
+    if trained:
+        wanted += [
+            "advantage/mean", "train/approx_kl", "train/clip_frac_low", "train/clip_frac_high",
+            "train/logprob_mismatch_abs_mean",
+        ]  # fmt: skip
     missing = [t for t in wanted if t not in scalars]
     assert not missing, f"missing tags {missing}; have {sorted(scalars)}"
     steps = sorted({s for s, _ in scalars["reward/resolved_rate"]})
     assert steps == [0, 1, 2, 3, 4], steps
     for tag in ("reward/resolved_rate", "episode/submit_rate", "episode/format_error_rate"):
         assert all(0.0 <= v <= 1.0 for _, v in scalars[tag]), tag
-    # The engine serves the trainer's weights: logprobs agree after every weight sync.
-    assert all(v < 1e-3 for _, v in scalars["train/logprob_mismatch_abs_mean"])
+    # The engine serves the trainer's weights: logprobs agree after every weight sync (measured in DAPO updates).
+    if trained:
+        assert all(v < 1e-3 for _, v in scalars["train/logprob_mismatch_abs_mean"])
     # The warm start's scripted solutions resolve the tasks (real sandbox + grader).
     assert scalars["reward/resolved_rate"][0][1] == 1.0
 
