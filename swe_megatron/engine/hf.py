@@ -63,21 +63,10 @@ def tiny_qwen2(cfg: ModelConfig, seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    hf_cfg = Qwen2Config(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_theta=cfg.rope_theta,
-        rms_norm_eps=cfg.rms_norm_eps,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        pad_token_id=151643,
-    )
+    from swe_megatron.train.export import hf_config_dict  # one ModelConfig -> HF config mapping
+
+    fields = {k: v for k, v in hf_config_dict(cfg).items() if k != "model_type"}
+    hf_cfg = Qwen2Config(**fields, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
     return Qwen2ForCausalLM(hf_cfg).float().eval()
 
 
