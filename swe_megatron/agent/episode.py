@@ -4,13 +4,16 @@ Endings (paper-spec.md "Agent scaffold"): `submit`; T_max turns; the next prompt
 context (no room left for one generated token); optionally too many format errors in a row. All of these
 are model outcomes: the patch (`git diff` of the working tree) is taken and graded, and the length penalty
 applies. A failure of the engine or the sandbox ends the episode as an infrastructure failure (excluded
-from training, counted, retried by the rollout manager). Control flow uses exceptions, as mini-swe-agent
-does: FormatError, Submitted, LimitsExceeded.
+from training, counted, retried by the rollout manager). So does passing the wall-clock deadline the
+manager gives (agent.episode_timeout_s, agent.rollout_timeout_s): exit harness_timeout, "timeout: ..."
+(see EpisodeTimeout for why that is not a model outcome). Control flow uses exceptions, as mini-swe-agent
+does: FormatError, Submitted, LimitsExceeded, EpisodeTimeout.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -33,6 +36,19 @@ class LimitsExceeded(Exception):
     def __init__(self, reason: ExitReason):
         super().__init__(reason.value)
         self.reason = reason
+
+
+EPISODE_TIMEOUT = "timeout: past the episode's deadline"
+"""`Trajectory.infra_failure` of an episode its deadline ended (the cause follows in brackets, if any)."""
+
+
+class EpisodeTimeout(Exception):
+    """The episode passed its wall-clock deadline: an infrastructure failure (harness_timeout), not a model outcome.
+
+    Wall-clock time depends on engine load, concurrency and the machine, not only on the model's actions;
+    what the model controls is bounded by t_max turns and the per-command timeout, which are model outcomes.
+    Scoring a timeout 0 would punish the policy for a slow cluster, so it is excluded and counted instead.
+    """
 
 
 @dataclass
@@ -75,10 +91,14 @@ def run_episode(
     limits: EpisodeLimits,
     workdir: str,
     session: str,
+    *,
+    deadline: float | None = None,
 ) -> Trajectory:
     """Run one episode in a fresh (not yet started) sandbox; grading is left to the caller.
 
     Infrastructure failures come back as a Trajectory with an infra exit reason and `infra_failure` set.
+    deadline: time.monotonic() past which the episode ends as a timeout: checked between steps, and a
+    command still running then is ended by stopping the sandbox.
     """
     t_start = time.perf_counter()
     timings = {"generate": 0.0, "tool": 0.0, "sandbox_start": 0.0, "patch": 0.0, "sandbox_stop": 0.0}
@@ -87,21 +107,34 @@ def run_episode(
     ledger = TokenLedger.start(chat, system, first_user)
     aci = Aci(sandbox, cfg, prompts, workdir, limits.command_timeout_s, limits.output_cap)
     malformed: list[int] = []
+    watchdog = None
     try:
         t = time.perf_counter()
+        _check(deadline)
         sandbox.start()
+        if deadline is not None:  # ends a command that is still running at the deadline
+            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), sandbox.stop)
+            watchdog.daemon = True
+            watchdog.start()
         aci.start()
         timings["sandbox_start"] = time.perf_counter() - t
-        exit_reason = _loop(engine, ledger, aci, prompts, cfg, limits, session, malformed, timings)
+        exit_reason = _loop(engine, ledger, aci, prompts, cfg, limits, session, malformed, timings, deadline)
         t = time.perf_counter()
         traj.patch = aci.patch()
         timings["patch"] = time.perf_counter() - t
         traj.exit_reason = exit_reason
-    except EngineError as e:
-        traj.exit_reason, traj.infra_failure = ExitReason.engine_error, f"engine: {e}"
-    except SandboxError as e:
-        traj.exit_reason, traj.infra_failure = ExitReason.sandbox_error, f"sandbox: {e}"
+    except EpisodeTimeout:
+        traj.exit_reason, traj.infra_failure = ExitReason.harness_timeout, EPISODE_TIMEOUT
+    except (EngineError, SandboxError) as e:
+        if _expired(deadline):  # the deadline's stop (or a slow engine) ended it
+            traj.exit_reason, traj.infra_failure = ExitReason.harness_timeout, f"{EPISODE_TIMEOUT} ({e})"
+        elif isinstance(e, EngineError):
+            traj.exit_reason, traj.infra_failure = ExitReason.engine_error, f"engine: {e}"
+        else:
+            traj.exit_reason, traj.infra_failure = ExitReason.sandbox_error, f"sandbox: {e}"
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
         engine.end_session(session)
         t = time.perf_counter()
         try:
@@ -131,11 +164,23 @@ def run_episode(
     return traj
 
 
-def _loop(engine, ledger, aci, prompts, cfg, limits, session, malformed, timings) -> ExitReason:
-    """Turns until an ending; returns the model-outcome exit reason."""
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _check(deadline: float | None) -> None:
+    if _expired(deadline):
+        raise EpisodeTimeout
+
+
+def _loop(
+    engine, ledger, aci, prompts, cfg, limits, session, malformed, timings, deadline=None
+) -> ExitReason:
+    """Turns until an ending; returns the model-outcome exit reason (EpisodeTimeout past the deadline)."""
     consecutive_errors = 0
     try:
         while True:
+            _check(deadline)
             if len(ledger.turn_spans) >= limits.t_max:
                 raise LimitsExceeded(ExitReason.turn_limit)
             room = limits.context_length - len(ledger.token_ids)
@@ -147,6 +192,7 @@ def _loop(engine, ledger, aci, prompts, cfg, limits, session, malformed, timings
             if not gen.token_ids or len(gen.token_ids) > min(limits.max_tokens_per_turn, room):
                 raise EngineError(f"engine returned {len(gen.token_ids)} tokens for a budget of {room}")
             content = ledger.add_assistant(gen.token_ids, gen.logprobs)
+            _check(deadline)  # a generation that came back late is not acted on
             t = time.perf_counter()
             try:
                 output = aci.run(parse_action(content))

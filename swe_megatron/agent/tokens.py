@@ -16,8 +16,15 @@ not drift: those are the ids the engine produced and trains on.
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass, field
+
+CACHE_ENTRIES = 32
+"""Texts (and id sequences) ChatFormat remembers the tokenisation of: an episode's initial prompt is the same
+for every sample of a task and is encoded again by the provenance check."""
+CACHE_MAX_CHARS = 32768
+"""Longer texts (and id sequences longer than a quarter of this) are not cached (bounded memory)."""
 
 
 class DriftError(RuntimeError):
@@ -33,6 +40,9 @@ class ChatFormat:
         self.eos_id = tokenizer.convert_tokens_to_ids(self.eos)
         norm = tokenizer.backend_tokenizer.normalizer if hasattr(tokenizer, "backend_tokenizer") else None
         self._nfc = norm is not None and "NFC" in repr(norm)
+        # tokenisation is a pure function of the text: caching changes no result, only repeated work
+        self._encode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._encode_tuple)
+        self._decode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._decode_tuple)
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """The chat as template text."""
@@ -42,11 +52,21 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text; special-token strings become their ids, nothing is added around them."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        if len(text) > CACHE_MAX_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return list(self._encode_cached(text))
 
     def decode(self, ids: list[int]) -> str:
         """Text of ids, special tokens kept."""
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if len(ids) > CACHE_MAX_CHARS // 4:
+            return self._decode_tuple(ids)
+        return self._decode_cached(tuple(ids))
+
+    def _encode_tuple(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode_tuple(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def normalize(self, text: str) -> str:
         """Text as the tokenizer sees it (NFC for Qwen), so a stored message decodes back to itself."""

@@ -244,6 +244,9 @@ class StageConfig:
     model cannot solve anything by itself; see swe_megatron/pipeline/warm_start.py); "none" skips it."""
     warm_start_epochs: int = 0
     """Passes over the scripted solutions when warm_start is "scripted"."""
+    warm_start_lr: float = 0.0
+    """Constant learning rate of the warm-start epochs (0: optim.lr). RFT proper then starts a fresh optimiser
+    with optim (its warmup and schedule) from the warm-started weights."""
     refresh_pool: bool = False
     """Stage-2 refresh: drop tasks solved too often and tasks never solved before this stage."""
     refresh_max_solve_rate: float = 0.6666666666666666
@@ -464,7 +467,29 @@ class AgentConfig:
     concurrency: int = 4
     """Episodes the rollout manager runs at once."""
     infra_retries: int = 2
-    """Times an episode that ended in an infrastructure failure is run again before it is given up."""
+    """Times an episode that ended in an infrastructure failure is run again before it is given up (not
+    after a timeout: a straggler would most likely straggle again)."""
+    episode_timeout_s: float = 3600.0
+    """Wall-clock limit of one episode (sandbox start to patch, grading not included); past it the episode
+    ends as an infrastructure failure (exit harness_timeout, excluded, not retried); 0: no limit. The model's
+    own budget is t_max turns of sandbox.command_timeout_s commands: this limit catches slow or stuck
+    infrastructure (a generation request in flight is not interrupted; it ends within
+    engine.request_timeout_s)."""
+    rollout_timeout_s: float = 0.0
+    """Wall-clock limit of one iteration's rollout phase (all episodes and their grading); past it the
+    episodes still running are cancelled and those not started are skipped, all counted and excluded as
+    infrastructure failures (harness_timeout), so stragglers cannot hold up the iteration; 0: no limit."""
+    prewarm_sandboxes: int = 2
+    """Episode sandboxes started ahead of need, on background threads, for the next episodes in the queue
+    (each still a fresh sandbox of its own); 0: each sandbox starts when its episode does. They count
+    against sandbox.max_concurrent while they wait."""
+    prewarm_grading: bool = True
+    """Start each episode's grading sandbox (a clean copy of the task repository, never the agent's) while
+    the episode runs, so grading does not wait for it; needs a rollout setup with a grading sandbox
+    factory (rollout.setup.swebench_grader has one)."""
+    background_teardown: bool = True
+    """Stop sandboxes (kill processes, remove the workspace) on a background thread once an episode or a
+    grading is done with them, off the episode's critical path; all are stopped before the rollout returns."""
 
 
 @dataclass

@@ -60,6 +60,8 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
         out.append(
             f"{name}.refresh_max_solve_rate={st.refresh_max_solve_rate} is invalid; allowed: 0 < rate <= 1"
         )
+    if st.warm_start_lr < 0:
+        out.append(f"{name}.warm_start_lr={st.warm_start_lr} is invalid; allowed: >= 0 (0 uses optim.lr)")
     o = st.optim
     if not o.lr > 0 or o.min_lr < 0 or o.min_lr > o.lr:
         out.append(
@@ -158,6 +160,20 @@ def validate(cfg: Any) -> list[str]:
             f"parallel.world_size={p.world_size} exceeds the trainer's GPUs "
             f"(cluster.trainer_nodes x gpus_per_node = {c.trainer_nodes * c.gpus_per_node})"
         )
+    a = cfg.agent
+    if a.concurrency < 1 or a.infra_retries < 0 or a.prewarm_sandboxes < 0:
+        out.append(
+            f"agent.concurrency={a.concurrency} / infra_retries={a.infra_retries} / prewarm_sandboxes="
+            f"{a.prewarm_sandboxes} are invalid; allowed: concurrency >= 1, infra_retries >= 0, prewarm_sandboxes >= 0"
+        )
+    if a.prewarm_sandboxes >= cfg.sandbox.max_concurrent:
+        out.append(
+            f"agent.prewarm_sandboxes={a.prewarm_sandboxes} is invalid; allowed: fewer than sandbox.max_concurrent "
+            f"({cfg.sandbox.max_concurrent}), or started-ahead sandboxes could take every slot episodes need"
+        )
+    for key in ("episode_timeout_s", "rollout_timeout_s"):
+        if not getattr(a, key) >= 0:
+            out.append(f"agent.{key}={getattr(a, key)} is invalid; allowed: seconds >= 0 (0: no limit)")
     if cfg.eval.runs < 1 or any(k < 1 or k > cfg.eval.runs for k in cfg.eval.k):
         out.append(f"eval.k={list(cfg.eval.k)} is invalid; allowed: 1 <= k <= eval.runs ({cfg.eval.runs})")
     return out

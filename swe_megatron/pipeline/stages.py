@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from swe_megatron.algo import (
     DapoOptions,
@@ -27,9 +28,8 @@ from swe_megatron.algo import (
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
 from swe_megatron.pipeline.topology import Topology
-from swe_megatron.rollout.rollouts import GradeOutcome, run_rollouts
+from swe_megatron.rollout.rollouts import run_rollouts
 from swe_megatron.rollout.setup import make_setup
-from swe_megatron.sandbox.base import SandboxSpec
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import Trajectory
 
@@ -158,22 +158,19 @@ def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Pat
 
 
 def _rollouts(ctx: Context, stage, tasks: list[Task], samples: int, unit_dir: Path, engine=None):
-    from swe_megatron.grading.grader import grade_one
+    """tasks x samples episodes spread over the topology's sandbox servers and engines (a dead server's
+    episodes are retried elsewhere); ServersDown when every sandbox server or engine is gone."""
+    from swe_megatron.rollout.routing import check_servers
+    from swe_megatron.rollout.setup import grading_sandbox_factory, sandbox_factory, swebench_grader
 
-    cfg, client = ctx.cfg, ctx.topo.sandbox_client
-    log_root = unit_dir / "grade"
-
-    def grade(task: Task, patch: str) -> GradeOutcome:
-        r = grade_one(task, patch, client.sandbox, log_dir=log_root / f"{task.instance_id}-{time.monotonic_ns()}",
-                      test_timeout_s=cfg.sandbox.grade_timeout_s)  # fmt: skip
-        return GradeOutcome(r.reward or 0.0, r.resolved, r.error, r.duration_s)
-
-    def make_sandbox(task: Task):
-        return client.sandbox(SandboxSpec(repo_dir=task.extra["repo_dir"], env_dir=task.extra.get("env_dir")))
-
-    setup = make_setup(cfg, stage, engine or ctx.topo.engine, grade, make_sandbox)
+    cfg, sandboxes = ctx.cfg, ctx.topo.sandboxes
+    grade = swebench_grader(cfg.sandbox, unit_dir / "grade", sandboxes)
+    engine = engine or ctx.topo.engine
+    setup = make_setup(cfg, stage, engine, grade, sandbox_factory(cfg.sandbox, sandboxes),
+                       grade_sandbox=grading_sandbox_factory(cfg.sandbox, sandboxes))  # fmt: skip
     t = time.perf_counter()
     trajs, stats = run_rollouts(tasks, samples, setup, unit_dir / "trajectories.jsonl", cfg.monitor.progress)
+    check_servers(sandboxes, engine)
     seconds = {"rollout_s": time.perf_counter() - t}
     # Grading runs inside each episode's slot; its share of the wall time is reported apart.
     episode_sum = max(stats.seconds.get("episode", 0.0) + stats.seconds.get("grade", 0.0), 1e-9)
@@ -210,7 +207,11 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
     per_epoch = num_optimizer_steps(
         len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
     )
-    trainer_for(ctx, stage_name, max(per_epoch * epochs, 1))
+    trainer = trainer_for(ctx, stage_name, max(per_epoch * epochs, 1))
+    if stage.warm_start_lr > 0:
+        trainer.optim_cfg = OmegaConf.merge(
+            stage.optim, {"lr": stage.warm_start_lr, "warmup_steps": 0, "schedule": "constant"}
+        )
     t = time.perf_counter()
     steps = _sft_steps(ctx, stage, to_samples(kept, masks, [0.0] * len(kept)), epochs, ctx.cfg.seed)
     seconds["train_s"] = time.perf_counter() - t

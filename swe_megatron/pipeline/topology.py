@@ -1,10 +1,18 @@
-"""The local topology of a run: vLLM server(s), a sandbox server, the trainer's process group.
+"""The topology of a run: vLLM server(s), sandbox server(s), the trainer's process group.
 
-`Topology` owns every process it starts and stops all of them on exit, on Ctrl-C and on SIGTERM (the signal
-handlers stop the servers first, so in-flight episodes fail fast instead of running to their turn limit).
-Children get PR_SET_PDEATHSIG, so they also die when the driver is SIGKILLed; their process groups are
-recorded in RUN/topology/pids.json as well, and the next start in the same run directory reaps any that
-survived (a vLLM server forks its engine core, which a parent-death signal does not reach).
+Locally, `Topology` starts a sandbox server and the vLLM server(s) itself and owns them: it stops all of them on
+exit, on Ctrl-C and on SIGTERM (the signal handlers stop the servers first, so in-flight episodes fail fast
+instead of running to their turn limit). Children get PR_SET_PDEATHSIG, so they also die when the driver is
+SIGKILLed; their process groups are recorded in RUN/topology/pids.json as well, and the next start in the same
+run directory reaps any that survived (a vLLM server forks its engine core, which a parent-death signal does
+not reach).
+
+In a Slurm job (cfg.cluster.rendezvous set, see launch/rendezvous.py) it starts no server: it connects to every
+sandbox server and every engine the rendezvous lists, owns none of their processes (the job steps do), and
+closes only its own sessions. Engines listed there reload the run's current weights from the shared filesystem
+when connected and after every update (train/weight_sync.py). A rendezvous without engines (cluster.engine_nodes
+= 0) leaves the engines to this process, as locally. Episodes are spread over the servers and dead servers are
+taken out of rotation by rollout/routing.py.
 
 Trainer: world size 1 here, rank 0 in the driver process (gloo on CPU). Multi-rank runs start the other
 ranks with torchrun/srun; they build the same Trainer and follow rank 0's calls (see README).
@@ -25,6 +33,8 @@ from pathlib import Path
 
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.vllm_server import VllmServer, die_with_parent
+from swe_megatron.launch import rendezvous
+from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
 
 
 def _start_time(pid: int) -> str | None:
@@ -72,7 +82,7 @@ def _port_or_free(port: int) -> int:
 
 
 class Topology:
-    """Starts and owns the engines, the sandbox server and the trainer world of one run (a context manager)."""
+    """The engines, sandbox servers and trainer world of one run (a context manager; see the module docstring)."""
 
     def __init__(self, cfg, work_dir: Path, config_file: Path):
         self.cfg = cfg
@@ -81,12 +91,18 @@ class Topology:
         self.pid_file = self.work_dir / "pids.json"
         self.servers: list[VllmServer] = []
         self.sandbox_proc: subprocess.Popen | None = None
-        self.sandbox_client = None
-        self.engine = None
+        self.sandboxes: SandboxPool | None = None
+        """The sandbox servers (a sandbox factory: `sandboxes.sandbox(spec)`)."""
+        self.engine: RoutedEngine | None = None
+        """The vLLM servers behind one Engine."""
+        self.rendezvous: rendezvous.Rendezvous | None = None
+        """The Slurm job's servers (cfg.cluster.rendezvous), or None: this process starts its own."""
         self._old_handlers: dict[int, object] = {}
 
     # lifecycle --------------------------------------------------------------------------------------
     def __enter__(self) -> Topology:
+        if self.cfg.cluster.rendezvous:
+            self.rendezvous = rendezvous.load(self.cfg.cluster.rendezvous)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         n = reap_stale(self.pid_file)
         if n:
@@ -115,11 +131,12 @@ class Topology:
         self.pid_file.write_text(json.dumps(entries))
 
     def stop_all(self) -> None:
-        """Stop engines and the sandbox server (idempotent, safe from a signal handler)."""
-        if self.sandbox_client is not None:
+        """Stop the servers this process started and close its sessions with the others (idempotent, safe
+        from a signal handler)."""
+        if self.sandboxes is not None:
             with contextlib.suppress(Exception):  # best effort while shutting down
-                self.sandbox_client.close()
-            self.sandbox_client = None
+                self.sandboxes.close()
+            self.sandboxes = None
         self.stop_engines()
         p, self.sandbox_proc = self.sandbox_proc, None
         if p is not None and p.poll() is None:
@@ -148,13 +165,21 @@ class Topology:
         parallel.init_model_parallel(self.cfg.parallel, seed=self.cfg.seed)
 
     # engines ----------------------------------------------------------------------------------------
-    def start_engines(self, model_dir: str, max_model_len: int):
-        """vLLM server(s) on model_dir; returns a VllmEngine over them (reused across stages)."""
+    def start_engines(self, model_dir: str, max_model_len: int) -> RoutedEngine:
+        """An Engine over the vLLM server(s) serving model_dir (reused across stages): the rendezvous' engines,
+        told to reload model_dir, or local servers started on it."""
         from swe_megatron.agent.tokens import ChatFormat
-        from swe_megatron.engine.vllm import VllmEngine
         from swe_megatron.model.tokenizer import load_tokenizer
 
         ecfg = self.cfg.engine
+        eos = [ChatFormat(load_tokenizer(self.cfg.model.tokenizer)).eos_id]
+        if self.rendezvous is not None and self.rendezvous.engines:
+            urls = list(self.rendezvous.engines)
+            self.engine = RoutedEngine.vllm(urls, "policy", self.cfg.sampling, eos, ecfg.request_timeout_s)
+            self.engine.reload_weights(model_dir)  # they started on model.hf_path; serve this run's policy
+            print(f"topology: {len(self.engine.urls)} vLLM server(s) of job {self.rendezvous.job_id}, serving "
+                  f"{model_dir}", file=sys.stderr, flush=True)  # fmt: skip
+            return self.engine
         # engine.port + i when free, else any free port (other runs on the machine may hold it).
         self.servers = [
             VllmServer(
@@ -167,23 +192,28 @@ class Topology:
         self._record()
         for s in self.servers:
             s.wait_healthy(timeout_s=600)
-        chat = ChatFormat(load_tokenizer(self.cfg.model.tokenizer))
-        self.engine = VllmEngine(
-            [s.url for s in self.servers], "policy", self.cfg.sampling, [chat.eos_id], ecfg.request_timeout_s
+        self.engine = RoutedEngine.vllm(
+            [s.url for s in self.servers], "policy", self.cfg.sampling, eos, ecfg.request_timeout_s
         )
         return self.engine
 
     def stop_engines(self) -> None:
-        """Stop the vLLM servers (e.g. before restarting them with a longer context)."""
+        """Stop the vLLM servers this process started (e.g. before restarting them with a longer context)."""
         for s in self.servers:
             s.stop(grace_s=10)
         self.servers, self.engine = [], None
 
     # sandboxes --------------------------------------------------------------------------------------
-    def start_sandbox_server(self):
-        """A sandbox server subprocess for this node; returns a SandboxClient session with it."""
-        from swe_megatron.sandbox.client import SandboxClient
-
+    def start_sandbox_server(self) -> SandboxPool:
+        """Sessions with the rendezvous' sandbox servers, or with a sandbox server subprocess started here."""
+        if self.rendezvous is not None and self.rendezvous.sandbox_servers:
+            rv = self.rendezvous
+            self.sandboxes = SandboxPool.connect(
+                rv.sandbox_servers, rv.token, command_timeout_s=self.cfg.sandbox.grade_timeout_s
+            )
+            print(f"topology: {len(self.sandboxes.rotation.live)} sandbox server(s) of job {rv.job_id}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return self.sandboxes
         token = secrets.token_hex(24)
         token_file = self.work_dir / "sandbox.token"
         token_file.write_text(token)
@@ -212,5 +242,5 @@ class Topology:
                 if time.monotonic() > deadline:
                     raise EngineError(f"sandbox server on {url} did not come up in 120 s") from None
                 time.sleep(0.5)
-        self.sandbox_client = SandboxClient(url, token, command_timeout_s=self.cfg.sandbox.grade_timeout_s)
-        return self.sandbox_client
+        self.sandboxes = SandboxPool.connect([url], token, command_timeout_s=self.cfg.sandbox.grade_timeout_s)
+        return self.sandboxes

@@ -1,10 +1,13 @@
 """`swe-megatron rollout CONFIG --tasks FILE --out DIR` and `swe-megatron show-trajectory FILE`.
 
 rollout runs the stage's episodes (tasks x G) standalone and writes trajectories.jsonl + summary.json in DIR.
-The engine is, in order: `--engine-url` servers already running; `--policy gold` (the scripted test fake that
-applies each task's gold patch); cfg.engine.backend=transformers (in-process, tiny models only); otherwise
-cfg.engine.num_servers local vLLM servers started on cfg.model.hf_path (a tiny random checkpoint is
-written into DIR when hf_path is null) and stopped at the end.
+The engine is, in order: `--policy gold` (the scripted test fake that applies each task's gold patch);
+`--engine-url` servers already running; the engines of `--rendezvous FILE` (default cfg.cluster.rendezvous,
+the rendezvous.json of a Slurm job, see launch/rendezvous.py); cfg.engine.backend=transformers (in-process,
+tiny models only); otherwise cfg.engine.num_servers local vLLM servers started on cfg.model.hf_path (a tiny
+random checkpoint is written into DIR when hf_path is null) and stopped at the end. Sandboxes run on the
+rendezvous' sandbox servers when it lists any, else on the local backend. Episodes are spread over the
+servers and a dead server is taken out of rotation (rollout/routing.py).
 """
 
 from __future__ import annotations
@@ -20,10 +23,20 @@ def _rollout(args: argparse.Namespace) -> int:
 
     from swe_megatron.cli import UsageError
     from swe_megatron.config.load import load_config
+    from swe_megatron.launch import rendezvous
     from swe_megatron.rollout.rollouts import run_rollouts
-    from swe_megatron.rollout.setup import load_tasks, make_setup
+    from swe_megatron.rollout.routing import SandboxPool, check_servers
+    from swe_megatron.rollout.setup import (
+        grading_sandbox_factory,
+        load_tasks,
+        make_setup,
+        sandbox_factory,
+        swebench_grader,
+    )
 
     cfg = load_config(args.config, args.overrides)
+    rv_file = args.rendezvous or cfg.cluster.rendezvous
+    rv = rendezvous.load(rv_file) if rv_file else None
     stage = getattr(cfg, args.stage)
     try:
         tasks = load_tasks(args.tasks)
@@ -34,35 +47,45 @@ def _rollout(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        engine = _engine(cfg, args, tasks, out, stack)
-        setup = make_setup(cfg, stage, engine)
+        sandboxes = None
+        if rv is not None and rv.sandbox_servers:
+            sandboxes = SandboxPool.connect(
+                rv.sandbox_servers, rv.token, command_timeout_s=cfg.sandbox.grade_timeout_s
+            )
+            stack.callback(sandboxes.close)
+        engine = _engine(cfg, args, tasks, out, stack, rv.engines if rv is not None else ())
+        grade = swebench_grader(cfg.sandbox, Path(cfg.run_dir) / "grade", sandboxes)
+        setup = make_setup(cfg, stage, engine, grade, sandbox_factory(cfg.sandbox, sandboxes),
+                           grade_sandbox=grading_sandbox_factory(cfg.sandbox, sandboxes))  # fmt: skip
         if args.concurrency:
             setup.agent.concurrency = args.concurrency
         samples = args.samples or stage.samples_per_task
         traj_file = out / "trajectories.jsonl"
         traj_file.unlink(missing_ok=True)
         _, stats = run_rollouts(tasks, samples, setup, traj_file, progress=cfg.monitor.progress)
+        check_servers(sandboxes, engine)
     summary = stats.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0
 
 
-def _engine(cfg, args, tasks, out: Path, stack):
+def _engine(cfg, args, tasks, out: Path, stack, rendezvous_engines=()):
     from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.config.schema import EngineBackend
-    from swe_megatron.engine.vllm import VllmEngine
     from swe_megatron.model.tokenizer import load_tokenizer
+    from swe_megatron.rollout.routing import RoutedEngine
 
     chat = ChatFormat(load_tokenizer(cfg.model.tokenizer))
     if args.policy == "gold":
         from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
 
         return ScriptedPolicy(chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
-    if args.engine_url:
-        return VllmEngine(
-            args.engine_url, "policy", cfg.sampling, [chat.eos_id], cfg.engine.request_timeout_s
-        )
+    if args.engine_url or rendezvous_engines:
+        return RoutedEngine.vllm(
+            args.engine_url or rendezvous_engines, "policy", cfg.sampling, [chat.eos_id],
+            cfg.engine.request_timeout_s,
+        )  # fmt: skip
     model_dir = cfg.model.hf_path
     if model_dir is None:
         from swe_megatron.engine.hf import save_tiny_checkpoint
@@ -78,7 +101,7 @@ def _engine(cfg, args, tasks, out: Path, stack):
     servers = start_servers(model_dir, cfg.engine, out / "engines", stage.context_length)
     for s in servers:
         stack.callback(s.stop)
-    return VllmEngine(
+    return RoutedEngine.vllm(
         [s.url for s in servers], "policy", cfg.sampling, [chat.eos_id], cfg.engine.request_timeout_s
     )
 
@@ -137,6 +160,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tasks", type=int, default=0, help="use only the first N tasks")
     p.add_argument("--concurrency", type=int, default=0, help="episodes at once (default: agent.concurrency)")
     p.add_argument("--engine-url", nargs="+", default=None, help="running vLLM servers to use")
+    p.add_argument(
+        "--rendezvous",
+        default="",
+        metavar="FILE",
+        help="a Slurm job's rendezvous.json: use its engines and sandbox servers (default: cluster.rendezvous)",
+    )
     p.add_argument("--policy", choices=["model", "gold"], default="model", help="gold: scripted test fake")
     p.set_defaults(func=_rollout)
     s = sub.add_parser("show-trajectory", help="print one trajectory of a JSONL file readably")

@@ -5,26 +5,40 @@ outcomes (submit, turn/context/format limit) are graded; infrastructure failures
 harness errors) are retried up to `agent.infra_retries` times and, if they persist, kept but excluded
 (`Trajectory.excluded`), never scored 0 (design.md invariant 4). Drifted trajectories are masked and
 counted (invariant 1).
+
+Time limits: an episode past agent.episode_timeout_s ends as harness_timeout (excluded, counted, not
+retried). Past agent.rollout_timeout_s the episodes and gradings still running are stopped, those not
+started are skipped, and after a short grace the call returns without waiting for stragglers (a thread
+stuck in a generation request finishes in the background; its result is dropped); all of them are
+harness_timeout trajectories counted in `RolloutStats.cancelled`.
+
+Sandbox lifecycle off the critical path (sandbox/prewarm.py): the next episodes' sandboxes start in the
+background while the current ones run (agent.prewarm_sandboxes), each episode's grading sandbox (a clean
+copy of the task repository, never the agent's sandbox) starts while the episode runs (agent.prewarm_grading),
+and finished sandboxes are stopped by a reaper thread (agent.background_teardown). Every episode and every
+grading still gets a sandbox of its own, and nothing started here outlives run_rollouts, errors included.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swe_megatron.agent.episode import EpisodeLimits, run_episode
+from swe_megatron.agent.episode import EPISODE_TIMEOUT, EpisodeLimits, run_episode
 from swe_megatron.agent.prompts import Prompts
 from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.config.schema import AgentConfig
 from swe_megatron.engine.base import Engine
 from swe_megatron.engine.scripted import SESSION_SEP
 from swe_megatron.sandbox.base import Sandbox
+from swe_megatron.sandbox.prewarm import Leased, Prewarmer
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import ExitReason, Trajectory
 
@@ -40,11 +54,20 @@ class GradeOutcome:
     infra_failure: str | None = None
     """Set when grading itself failed (not the patch's fault): the trajectory is excluded."""
     seconds: float = 0.0
-    """Wall-clock seconds of the test run (raw cost, for overhead figures)."""
+    """Wall-clock seconds of the commands grading ran (apply + test run), the raw cost for overhead figures;
+    not the grading sandbox's start and stop, which are harness overhead."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per grading phase (start, apply, tests, stop) where the grader reports them."""
 
 
-Grader = Callable[[Task, str], GradeOutcome]
-"""grade(task, patch) -> GradeOutcome."""
+Grader = Callable[..., GradeOutcome]
+"""grade(task, patch) -> GradeOutcome. A grader paired with RolloutSetup.grade_sandbox also takes a keyword
+`sandbox`: a sandbox made by grade_sandbox(task), perhaps started already, to grade in (the grader stops it)."""
+
+TIMEOUT = "timeout: "
+"""Prefix of `Trajectory.infra_failure` for episodes a time limit ended (exit harness_timeout)."""
+CANCELLED = TIMEOUT + "rollout deadline: "
+"""Prefix for episodes that agent.rollout_timeout_s stopped or skipped."""
 
 
 @dataclass
@@ -67,6 +90,10 @@ class RolloutSetup:
     """Per-stage limits."""
     workdir: str = "/testbed"
     """Where the repository is inside the sandbox."""
+    grade_sandbox: Callable[[Task], Sandbox] | None = None
+    """A new, not started grading sandbox for a task (a clean copy of its repository); when set, `grade`
+    takes it as `sandbox=`, and the manager can start it while the episode runs (agent.prewarm_grading)
+    and stop it in the background. None: the grader makes and stops its own."""
 
 
 @dataclass
@@ -77,6 +104,10 @@ class RolloutStats:
     exit_reasons: Counter = field(default_factory=Counter)
     infra_failures: int = 0
     """Trajectories still an infrastructure failure after their retries (excluded)."""
+    timeouts: int = 0
+    """Trajectories a time limit ended (agent.episode_timeout_s or rollout_timeout_s; among infra_failures)."""
+    cancelled: int = 0
+    """Episodes the rollout deadline stopped or never started (among timeouts)."""
     retries: int = 0
     drifted: int = 0
     retokenized_turns: int = 0
@@ -86,12 +117,18 @@ class RolloutStats:
     seconds: dict[str, float] = field(default_factory=lambda: Counter())
     """Summed per-phase seconds over episodes: generate, tool, exec_raw, grade, grade_raw, episode."""
     wall_s: float = 0.0
+    prewarm: dict[str, int] = field(default_factory=dict)
+    """Sandbox pool counts: prefetched, hits (episodes and gradings served by a prefetched sandbox),
+    failed_starts (prefetches that did not start), stop_errors."""
 
     def add(self, traj: Trajectory, retries: int) -> None:
         """Count one finished trajectory."""
         self.episodes += 1
         self.exit_reasons[traj.exit_reason.value] += 1
         self.infra_failures += traj.infra_failure is not None or traj.exit_reason.is_infra
+        failure = traj.infra_failure or ""
+        self.timeouts += failure.startswith(TIMEOUT)
+        self.cancelled += failure.startswith(CANCELLED)
         self.retries += retries
         self.drifted += traj.drifted
         self.retokenized_turns += traj.retokenized_turns
@@ -110,12 +147,15 @@ class RolloutStats:
             "resolved": self.resolved,
             "exit_reasons": dict(self.exit_reasons),
             "infra_failures": self.infra_failures,
+            "timeouts": self.timeouts,
+            "cancelled": self.cancelled,
             "retries": self.retries,
             "drifted": self.drifted,
             "retokenized_turns": self.retokenized_turns,
             "turns": self.turns,
             "malformed_turns": self.malformed_turns,
             "seconds": {k: round(v, 3) for k, v in sorted(self.seconds.items())},
+            "prewarm": dict(self.prewarm),
         }
 
 
@@ -129,14 +169,166 @@ def _harness_failure(task: Task, k: int, e: BaseException) -> Trajectory:
     )
 
 
-def rollout_one(task: Task, k: int, setup: RolloutSetup) -> tuple[Trajectory, int]:
-    """One sample of one task with infrastructure retries; returns (trajectory, retries used)."""
-    traj = None
-    for attempt in range(setup.agent.infra_retries + 1):
-        session = SESSION_SEP.join([task.instance_id, str(k), str(attempt)])
+def _cancelled(task: Task, k: int, what: str) -> Trajectory:
+    return Trajectory(
+        task_id=task.instance_id,
+        sample_index=k,
+        exit_reason=ExitReason.harness_timeout,
+        infra_failure=CANCELLED + what,
+    )
+
+
+class RolloutSandboxes:
+    """The sandboxes of one run_rollouts call: lookahead starts, grading prewarm, background stops.
+
+    For the agent.prewarm_sandboxes jobs after the ones running, in job order, the episode sandbox and (with
+    agent.prewarm_grading) the grading sandbox are started ahead, keyed by task; an episode that finds no
+    grading sandbox started for it (the first ones, retries) has one started when it begins. close() stops
+    all of them, whatever happened.
+    """
+
+    def __init__(self, setup: RolloutSetup, jobs: list[tuple[Task, int]]):
+        a = setup.agent
+        self.setup = setup
+        self.episodes = Prewarmer(
+            a.prewarm_sandboxes, background_stop=a.background_teardown, name="episode-sbx"
+        )
+        """Episode sandboxes (setup.make_sandbox)."""
+        ahead = max(1, a.concurrency) + a.prewarm_sandboxes
+        grading = a.prewarm_grading and setup.grade_sandbox is not None
+        self.grading = Prewarmer(
+            ahead if grading else 0, background_stop=a.background_teardown, name="grade-sbx"
+        )
+        """Grading sandboxes (setup.grade_sandbox)."""
+        self._jobs = jobs
+        self._next = min(max(1, a.concurrency), len(jobs))  # the first ones start right away: no lookahead
+        self._ahead: Counter = Counter()  # grading sandboxes prefetched by the lookahead, per task
+        self._lock = threading.Lock()
+
+    def _top_up(self) -> None:
+        with self._lock:
+            while self._next < len(self._jobs) and self.episodes.room() > 0:
+                task = self._jobs[self._next][0]
+                self._next += 1
+                self.episodes.prefetch(task.instance_id, functools.partial(self.setup.make_sandbox, task))
+                if self.grading.capacity and self.grading.prefetch(
+                    task.instance_id, functools.partial(self.setup.grade_sandbox, task)
+                ):
+                    self._ahead[task.instance_id] += 1
+
+    def episode(self, task: Task) -> Leased:
+        """A fresh sandbox for an episode of task (prefetched and started, or new and not started)."""
+        with self._lock:
+            ahead = self._ahead[task.instance_id] > 0
+            if ahead:
+                self._ahead[task.instance_id] -= 1
+
+        def prefetch() -> None:  # this episode's grading sandbox first, then the lookahead
+            if ahead or not self.grading.capacity:
+                self._top_up()
+                return
+            make = functools.partial(self.setup.grade_sandbox, task)
+            if not self.grading.prefetch(task.instance_id, make, then=self._top_up):
+                self._top_up()
+
+        sandbox = self.episodes.take(task.instance_id)
+        if sandbox is not None:
+            prefetch()
+            return sandbox
+        # a start the episode waits for: the background starts begin once it is done, not alongside it
+        return self.episodes.lease(self.setup.make_sandbox(task), after_start=prefetch)
+
+    def grade(self, task: Task, patch: str) -> GradeOutcome:
+        """Grade through setup.grade, in a grading sandbox of ours when the setup can make one."""
+        if self.setup.grade_sandbox is None:
+            return self.setup.grade(task, patch)
+        sandbox = self.grading.take(task.instance_id)
+        if sandbox is None:
+            try:
+                made = self.setup.grade_sandbox(task)
+            except Exception:  # noqa: BLE001 - e.g. a task that cannot be graded: the grader says what is wrong
+                return self.setup.grade(task, patch)
+            sandbox = self.grading.lease(made)
         try:
-            sandbox = setup.make_sandbox(task)
-            spec = getattr(sandbox, "spec", None)  # backends made from a SandboxSpec know their workdir
+            return self.setup.grade(task, patch, sandbox=sandbox)
+        finally:
+            sandbox.stop()  # idempotent: the grader stops it unless it did not need it (an empty patch)
+
+    def drop_grading(self, task: Task) -> None:
+        """The episode will not be graded: stop the grading sandbox prefetched for it."""
+        sandbox = self.grading.take(task.instance_id)
+        if sandbox is not None:
+            sandbox.stop()
+
+    @property
+    def closed(self) -> bool:
+        """close() was called: no sandbox is handed out any more."""
+        return self.episodes.closed
+
+    def stop_live(self) -> None:
+        """Stop every sandbox in use now (running commands end with SandboxError)."""
+        self.episodes.stop_live()
+        self.grading.stop_live()
+
+    def counts(self) -> dict[str, int]:
+        """Pool counts for RolloutStats.prewarm."""
+        pools = (self.episodes, self.grading)
+        return {
+            key: sum(getattr(p, key) for p in pools)
+            for key in ("prefetched", "hits", "failed_starts", "stop_errors")
+        }
+
+    def close(self) -> None:
+        """Stop everything (waiting, starting, in use) and wait for the stops."""
+        try:
+            self.episodes.close()
+        finally:
+            self.grading.close()
+
+
+def _deadline(*ends: float | None) -> float | None:
+    ends = [e for e in ends if e is not None]
+    return min(ends) if ends else None
+
+
+def rollout_one(
+    task: Task,
+    k: int,
+    setup: RolloutSetup,
+    *,
+    sandboxes: RolloutSandboxes | None = None,
+    rollout_deadline: float | None = None,
+) -> tuple[Trajectory, int]:
+    """One sample of one task with infrastructure retries; returns (trajectory, retries used).
+
+    sandboxes: the rollout's sandbox lifecycle (None: a private one for this call); rollout_deadline:
+    time.monotonic() of agent.rollout_timeout_s, past which nothing new starts and the episode is cancelled.
+    """
+    own = sandboxes is None
+    if own:
+        sandboxes = RolloutSandboxes(setup, [])
+    try:
+        return _rollout_one(task, k, setup, sandboxes, rollout_deadline)
+    finally:
+        if own:
+            sandboxes.close()
+
+
+def _rollout_one(task, k, setup, sandboxes, rollout_deadline) -> tuple[Trajectory, int]:
+    traj = None
+    limit = setup.agent.episode_timeout_s
+    for attempt in range(setup.agent.infra_retries + 1):
+        if sandboxes.closed and traj is not None:  # the rollout ended (an error elsewhere): no retry
+            return traj, attempt
+        if rollout_deadline is not None and time.monotonic() >= rollout_deadline:
+            what = "not started" if traj is None else f"not retried after: {traj.infra_failure}"
+            return _cancelled(task, k, what), attempt
+        session = SESSION_SEP.join([task.instance_id, str(k), str(attempt)])
+        episode_deadline = time.monotonic() + limit if limit > 0 else None
+        graded = False
+        try:
+            sandbox = sandboxes.episode(task)
+            spec = sandbox.spec  # backends made from a SandboxSpec know their workdir
             traj = run_episode(
                 task,
                 k,
@@ -148,19 +340,36 @@ def rollout_one(task: Task, k: int, setup: RolloutSetup) -> tuple[Trajectory, in
                 setup.limits,
                 spec.workdir if spec is not None else setup.workdir,
                 session,
+                deadline=_deadline(episode_deadline, rollout_deadline),
             )
             if not traj.exit_reason.is_infra and not traj.drifted:
+                graded = True
                 t = time.perf_counter()
-                g = setup.grade(task, traj.patch)
+                g = sandboxes.grade(task, traj.patch)
                 traj.timings["grade"] = time.perf_counter() - t
                 traj.timings["grade_raw"] = g.seconds
+                for phase in ("start", "stop"):
+                    if phase in g.timings:
+                        traj.timings[f"grade_sandbox_{phase}"] = g.timings[phase]
                 traj.reward, traj.resolved = g.reward, g.resolved
                 if g.infra_failure:
                     traj.infra_failure = f"grading: {g.infra_failure}"
         except Exception as e:  # noqa: BLE001 - a harness bug must not kill the other episodes; it is counted
             traj = _harness_failure(task, k, e)
+        if not graded:
+            sandboxes.drop_grading(task)
         if traj.infra_failure is None and not traj.exit_reason.is_infra:
             return traj, attempt
+        detail = (traj.infra_failure or "").removeprefix(EPISODE_TIMEOUT).strip(" ()")
+        if rollout_deadline is not None and time.monotonic() >= rollout_deadline:
+            traj.exit_reason = ExitReason.harness_timeout
+            traj.infra_failure = CANCELLED + (f"stopped ({detail})" if detail else "stopped")
+            return traj, attempt
+        if traj.exit_reason == ExitReason.harness_timeout:
+            traj.infra_failure = f"{TIMEOUT}past agent.episode_timeout_s={limit:g} s" + (
+                f" ({detail})" if detail else ""
+            )
+            return traj, attempt  # a straggler is not run again: it would most likely straggle again
     return traj, setup.agent.infra_retries
 
 
@@ -170,37 +379,83 @@ def run_rollouts(
     setup: RolloutSetup,
     out_file: str | Path | None = None,
     progress: bool = True,
+    *,
+    timeout_s: float | None = None,
+    cancel_grace_s: float = 2.0,
 ) -> tuple[list[Trajectory], RolloutStats]:
-    """All tasks x samples, `agent.concurrency` at a time; trajectories in (task, sample) order."""
+    """All tasks x samples, `agent.concurrency` at a time; trajectories in (task, sample) order.
+
+    timeout_s: wall-clock limit of the whole call (None: agent.rollout_timeout_s; 0: none). Past it the
+    running episodes and gradings are stopped, the rest skipped; after cancel_grace_s more the call
+    returns with every unfinished job as a cancelled trajectory.
+    """
     jobs = [(t, k) for t in tasks for k in range(samples_per_task)]
     stats = RolloutStats()
     results: dict[tuple[int, int], Trajectory] = {}
-    lock = threading.Lock()
     sink = open(out_file, "a", encoding="utf-8") if out_file else None  # noqa: SIM115 - closed below
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(jobs), desc="rollout", unit="ep", dynamic_ncols=True)
+    limit = setup.agent.rollout_timeout_s if timeout_s is None else timeout_s
     t0 = time.perf_counter()
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, setup.agent.concurrency)) as pool:
-            futures = {pool.submit(rollout_one, t, k, setup): (i, k) for i, (t, k) in enumerate(jobs)}
-            for fut in as_completed(futures):
-                traj, retries = fut.result()
-                with lock:
-                    results[futures[fut]] = traj
-                    stats.add(traj, retries)
-                    if sink:
-                        sink.write(traj.to_json() + "\n")
-                        sink.flush()
-                if bar is not None:
-                    bar.set_postfix(resolved=stats.resolved, infra=stats.infra_failures, drift=stats.drifted)
-                    bar.update(1)
-    finally:
-        stats.wall_s = time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
+    deadline = time.monotonic() + limit if limit and limit > 0 else None
+
+    def record(key: tuple[int, int], traj: Trajectory, retries: int) -> None:
+        results[key] = traj
+        stats.add(traj, retries)
         if sink:
-            sink.close()
+            sink.write(traj.to_json() + "\n")
+            sink.flush()
+        if bar is not None:
+            bar.set_postfix(resolved=stats.resolved, infra=stats.infra_failures, drift=stats.drifted)
+            bar.update(1)
+
+    sandboxes = RolloutSandboxes(setup, jobs)
+    pool = ThreadPoolExecutor(max_workers=max(1, setup.agent.concurrency), thread_name_prefix="episode")
+    futures: dict[Future, tuple[int, int]] = {}
+    cancelled_at = None
+    try:
+        for i, (t, k) in enumerate(jobs):
+            fut = pool.submit(rollout_one, t, k, setup, sandboxes=sandboxes, rollout_deadline=deadline)
+            futures[fut] = (i, k)
+        pending = set(futures)
+        while pending:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and cancelled_at is None:
+                cancelled_at = now  # stop what runs, skip what waits, give the stops a moment
+                for fut in pending:
+                    fut.cancel()
+                sandboxes.stop_live()
+            if cancelled_at is not None:
+                wait_s = cancelled_at + cancel_grace_s - now
+                if wait_s <= 0:
+                    break
+            else:
+                wait_s = None if deadline is None else deadline - now
+            done, pending = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
+            for fut in done:
+                if fut.cancelled():
+                    continue
+                traj, retries = fut.result()
+                record(futures[fut], traj, retries)
+        for fut, key in futures.items():  # skipped, or still running past the grace: cancelled
+            if key not in results:
+                task = jobs[key[0]][0]
+                what = "not started" if fut.cancelled() else f"still running {cancel_grace_s:g} s past it"
+                record(key, _cancelled(task, key[1], what), 0)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            sandboxes.close()  # also ends the commands of episodes still running (an error, the deadline)
+            if cancelled_at is None:  # an error: let the other episodes see their sandboxes gone
+                wait([f for f in futures if not f.done()], timeout=cancel_grace_s)
+        finally:
+            stats.prewarm = sandboxes.counts()
+            stats.wall_s = time.perf_counter() - t0
+            if bar is not None:
+                bar.close()
+            if sink:
+                sink.close()
     return [results[key] for key in sorted(results)], stats

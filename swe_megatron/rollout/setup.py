@@ -10,7 +10,7 @@ from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.config.schema import RunConfig, SandboxConfig, StageConfig
 from swe_megatron.rollout.rollouts import GradeOutcome, Grader, RolloutSetup
-from swe_megatron.sandbox.base import SandboxSpec
+from swe_megatron.sandbox.base import Sandbox, SandboxSpec
 from swe_megatron.tasks.schema import Task
 
 
@@ -53,20 +53,40 @@ def limits_for(cfg: RunConfig, stage: StageConfig) -> EpisodeLimits:
     )
 
 
-def sandbox_factory(cfg: SandboxConfig):
-    """Task -> a new sandbox of the configured backend, made from the task's repo_dir and env_dir."""
+def sandbox_factory(cfg: SandboxConfig, sandboxes=None):
+    """Task -> a new sandbox made from the task's repo_dir and env_dir: on the sandbox servers of `sandboxes`
+    (a rollout.routing.SandboxPool) when given, else of the configured local backend."""
     from swe_megatron.sandbox import make_sandbox
 
     def make(task: Task):
-        return make_sandbox(
-            SandboxSpec(repo_dir=task.extra["repo_dir"], env_dir=task.extra.get("env_dir")), cfg
-        )
+        spec = SandboxSpec(repo_dir=task.extra["repo_dir"], env_dir=task.extra.get("env_dir"))
+        return sandboxes.sandbox(spec) if sandboxes is not None else make_sandbox(spec, cfg)
 
     return make
 
 
-def swebench_grader(cfg: SandboxConfig, log_root: str | Path | None = None) -> Grader:
-    """Grades with grading.grader.grade_one in a fresh sandbox of the configured backend."""
+def grading_sandbox_factory(cfg: SandboxConfig, sandboxes=None):
+    """Task -> a new, not started sandbox to grade the task in (the spec grade_one asks for: a clean copy of
+    the task's repository), on the servers of `sandboxes` (a rollout.routing.SandboxPool) when given."""
+    from swe_megatron.grading.grader import task_grading
+    from swe_megatron.sandbox import make_sandbox
+
+    def make(task: Task):
+        spec = task_grading(task).spec
+        return sandboxes.sandbox(spec) if sandboxes is not None else make_sandbox(spec, cfg)
+
+    return make
+
+
+def swebench_grader(cfg: SandboxConfig, log_root: str | Path | None = None, sandboxes=None) -> Grader:
+    """Grades with grading.grader.grade_one in `sandbox` when given one made for the task's grading spec
+    (possibly started already), else in a fresh sandbox on the servers of `sandboxes` (a
+    rollout.routing.SandboxPool) when given, else of the configured local backend.
+
+    The function carries `.grade_sandbox`, its grading_sandbox_factory, which make_setup hands to the rollout
+    manager (RolloutSetup.grade_sandbox). GradeOutcome.seconds is the raw cost: the apply and test phases,
+    not the sandbox's start and stop.
+    """
     import itertools
 
     from swe_megatron.grading.grader import grade_one
@@ -74,30 +94,50 @@ def swebench_grader(cfg: SandboxConfig, log_root: str | Path | None = None) -> G
 
     counter = itertools.count()
 
-    def grade(task: Task, patch: str) -> GradeOutcome:
-        log_dir = Path(log_root) / task.instance_id / str(next(counter)) if log_root else None
-        r = grade_one(
-            task,
-            patch,
-            lambda spec: make_sandbox(spec, cfg),
-            log_dir=log_dir,
-            test_timeout_s=cfg.grade_timeout_s,
-        )
-        return GradeOutcome(r.reward or 0.0, r.resolved, r.error, r.duration_s)
+    def fresh(spec: SandboxSpec) -> Sandbox:
+        return sandboxes.sandbox(spec) if sandboxes is not None else make_sandbox(spec, cfg)
 
+    def grade(task: Task, patch: str, sandbox: Sandbox | None = None) -> GradeOutcome:
+        log_dir = Path(log_root) / task.instance_id / str(next(counter)) if log_root else None
+
+        def factory(spec: SandboxSpec) -> Sandbox:
+            if sandbox is not None and getattr(sandbox, "spec", None) == spec:
+                return sandbox
+            return fresh(spec)
+
+        r = grade_one(task, patch, factory, log_dir=log_dir, test_timeout_s=cfg.grade_timeout_s)
+        raw = sum(v for k, v in r.timings.items() if k in ("apply", "tests"))
+        return GradeOutcome(r.reward or 0.0, r.resolved, r.error, raw, dict(r.timings))
+
+    grade.grade_sandbox = grading_sandbox_factory(cfg, sandboxes)
     return grade
 
 
-def make_setup(cfg: RunConfig, stage: StageConfig, engine, grade: Grader | None = None, make_sandbox=None):
-    """A RolloutSetup for cfg and stage around an engine (the caller owns the engine's servers)."""
+def make_setup(
+    cfg: RunConfig,
+    stage: StageConfig,
+    engine,
+    grade: Grader | None = None,
+    make_sandbox=None,
+    *,
+    grade_sandbox=None,
+):
+    """A RolloutSetup for cfg and stage around an engine (the caller owns the engine's servers).
+
+    grade defaults to swebench_grader's; grade_sandbox (Task -> a new grading sandbox, which the grader must
+    accept as `sandbox=`) defaults to the grader's own `.grade_sandbox` when it has one, so the rollout
+    manager can start grading sandboxes while the episodes run.
+    """
     from swe_megatron.model.tokenizer import load_tokenizer
 
+    grade = grade or swebench_grader(cfg.sandbox, Path(cfg.run_dir) / "grade")
     return RolloutSetup(
         engine=engine,
         make_sandbox=make_sandbox or sandbox_factory(cfg.sandbox),
-        grade=grade or swebench_grader(cfg.sandbox, Path(cfg.run_dir) / "grade"),
+        grade=grade,
         chat=ChatFormat(load_tokenizer(cfg.model.tokenizer)),
         prompts=load_prompts(cfg.agent.prompts),
         agent=cfg.agent,
         limits=limits_for(cfg, stage),
+        grade_sandbox=grade_sandbox or getattr(grade, "grade_sandbox", None),
     )

@@ -76,16 +76,16 @@ def lookup_user(name: str) -> SandboxUser:
     return SandboxUser(name, pw.pw_uid, pw.pw_gid)
 
 
-def _uid_busy(uid: int) -> bool:
-    """A process of this uid is still alive (e.g. left by a crashed owner)."""
+def _busy_uids() -> set[int]:
+    """Uids that own a live process (e.g. one left by a crashed owner): one pass over /proc."""
+    uids = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == uid:
-                    return True
+                uids.add(entry.stat().st_uid)
             except OSError:
                 continue
-    return False
+    return uids
 
 
 def lease_user(name: str, lock_dir: str | Path, *, per_sandbox: bool = True) -> SandboxUser:
@@ -101,6 +101,7 @@ def lease_user(name: str, lock_dir: str | Path, *, per_sandbox: bool = True) -> 
     lock_dir = Path(lock_dir)
     lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     start, count = span
+    busy: set[int] | None = None  # one /proc scan skips every busy uid; the one we keep is checked afresh
     for uid in range(start, start + count):
         fd = os.open(lock_dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -108,7 +109,10 @@ def lease_user(name: str, lock_dir: str | Path, *, per_sandbox: bool = True) -> 
         except BlockingIOError:
             os.close(fd)
             continue
-        if _uid_busy(uid):
+        fresh = busy is None
+        if fresh:
+            busy = _busy_uids()
+        if uid in busy or (not fresh and uid in _busy_uids()):
             os.close(fd)
             continue
         return SandboxUser(name, uid, base.gid, fd)

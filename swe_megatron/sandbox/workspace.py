@@ -35,12 +35,15 @@ def _copy_tree(src: Path, dst: Path, uid: int, gid: int) -> None:
     """Copy a repository: folders, regular files and symlinks (never followed); other file types skipped.
 
     Owner becomes uid:gid, setuid/setgid bits are dropped, modification times are kept (git's index).
+    Plain string paths: this runs for every file of every sandbox start.
     """
-    dirs: list[tuple[Path, os.stat_result]] = []
-    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
-        rel = Path(dirpath).relative_to(src)
+    dirs: list[tuple[str, os.stat_result]] = []
+    src_s, dst_s = os.fspath(src), os.fspath(dst)
+    for dirpath, dirnames, filenames in os.walk(src_s, followlinks=False):
+        rel = os.path.relpath(dirpath, src_s)
+        out = dst_s if rel == "." else os.path.join(dst_s, rel)
         for name in dirnames + filenames:
-            s, d = Path(dirpath) / name, dst / rel / name
+            s, d = os.path.join(dirpath, name), os.path.join(out, name)
             st = os.lstat(s)
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(d, 0o700)

@@ -3,6 +3,8 @@ gold-patch policy reaching reward 1 through the real bwrap sandbox and the real 
 
 import json
 import shutil
+import threading
+import time
 
 import pytest
 from fake_sandbox import DirSandbox
@@ -140,6 +142,7 @@ def test_gold_policy_reaches_reward_one_through_real_sandbox_and_grader(tmp_path
         assert t.exit_reason == ExitReason.submitted and t.reward == 1.0 and t.resolved and not t.drifted
         assert t.messages[3]["content"].startswith("[File: /testbed/calc/ops.py")
     assert stats.resolved == 2
+    assert stats.prewarm["hits"] == 2 and stats.prewarm["failed_starts"] == 0  # graded in prewarmed sandboxes
 
 
 @pytest.mark.sandbox
@@ -172,3 +175,172 @@ def test_rollout_command_with_gold_policy(tmp_path, capsys):
     assert summary["episodes"] == 2 and summary["resolved"] == 2 and summary["infra_failures"] == 0
     assert main(["show-trajectory", str(out / "trajectories.jsonl"), "--index", "-1"]) == 0
     assert "exit=submitted  reward=1" in capsys.readouterr().out
+
+
+# --- time limits and the sandbox lifecycle ----------------------------------------------------------------
+
+
+def _block(reason, command):
+    return f"{reason}\n```\n{command}\n```"
+
+
+class SleepyEngine:
+    """Labelled fake at the engine boundary: the scripted policy, answering each turn after `delay_s`; for the
+    tasks in `stuck`, generate blocks until `release` is set (a server that stopped answering)."""
+
+    def __init__(self, inner, delay_s=0.0, stuck=()):
+        self.inner, self.delay_s, self.stuck = inner, delay_s, set(stuck)
+        self.release = threading.Event()
+
+    def generate(self, prompt_ids, max_tokens, session=""):
+        if session.split("/")[0] in self.stuck:
+            self.release.wait(60)
+        time.sleep(self.delay_s)
+        return self.inner.generate(prompt_ids, max_tokens, session)
+
+    def end_session(self, session):
+        self.inner.end_session(session)
+
+
+def _setup(chat, engine, make_sandbox, grade=patch_grader, **agent):
+    return RolloutSetup(
+        engine, make_sandbox, grade, chat, load_prompts(AgentConfig().prompts), AgentConfig(**agent), LIMITS
+    )
+
+
+def test_episode_past_its_timeout_is_an_infra_timeout_not_retried_nor_graded(tmp_path, chat):
+    task = make_task(tmp_path, "t0")
+    slow_turns = [_block("looking", "ls")] * 6  # six turns of 0.3 s: past a 1 s limit
+    engine = SleepyEngine(ScriptedPolicy(chat, {"t0": slow_turns}), delay_s=0.3)
+    graded = []
+
+    def grade(task, patch):
+        graded.append(patch)
+        return patch_grader(task, patch)
+
+    setup = _setup(
+        chat, engine, lambda t: DirSandbox(t.extra["repo_dir"]), grade, episode_timeout_s=1.0, infra_retries=2
+    )
+    t0 = time.monotonic()
+    (traj,), stats = run_rollouts([task], 1, setup, progress=False)
+    assert time.monotonic() - t0 < 5
+    assert traj.exit_reason == ExitReason.harness_timeout and traj.excluded
+    assert traj.infra_failure.startswith("timeout: past agent.episode_timeout_s=1 s")
+    assert 1 <= traj.num_steps < 6 and not traj.resolved and graded == []
+    assert stats.timeouts == 1 and stats.cancelled == 0 and stats.retries == 0 and stats.infra_failures == 1
+    assert stats.summary()["exit_reasons"] == {"harness_timeout": 1}
+
+
+def test_rollout_deadline_cancels_stragglers_and_skips_the_rest(tmp_path, chat):
+    tasks = [make_task(tmp_path, name) for name in ("fast", "stuck", "late")]
+    gold = gold_patch_script(tasks[0].patch)
+    engine = SleepyEngine(ScriptedPolicy(chat, {"fast": gold}), stuck={"stuck"})
+    made = []
+
+    def make_sandbox(task):
+        made.append(DirSandbox(task.extra["repo_dir"]))
+        return made[-1]
+
+    setup = _setup(chat, engine, make_sandbox, concurrency=2, prewarm_sandboxes=1, rollout_timeout_s=1.5)
+    try:
+        t0 = time.monotonic()
+        trajs, stats = run_rollouts(tasks, 2, setup, tmp_path / "t.jsonl", progress=False, cancel_grace_s=0.3)
+        took = time.monotonic() - t0
+    finally:
+        engine.release.set()
+    assert took < 4, took  # bounded by the deadline + grace, not by the stuck engine's 60 s
+    by = {(t.task_id, t.sample_index): t for t in trajs}
+    assert len(trajs) == 6 and len((tmp_path / "t.jsonl").read_text().splitlines()) == 6
+    assert by[("fast", 0)].reward == 1.0 and by[("fast", 1)].reward == 1.0
+    for key in [("stuck", 0), ("stuck", 1), ("late", 0), ("late", 1)]:
+        t = by[key]
+        assert t.exit_reason == ExitReason.harness_timeout and t.excluded, key
+        assert t.infra_failure.startswith("timeout: rollout deadline: "), t.infra_failure
+    assert stats.cancelled == 4 and stats.timeouts == 4 and stats.resolved == 2
+    assert "not started" in by[("late", 1)].infra_failure
+    assert all(sb.root is None for sb in made)  # every sandbox made, prefetched ones included, is stopped
+
+
+def test_prewarmed_sandboxes_are_fresh_per_episode_and_all_stopped(tmp_path, chat):
+    tasks = [make_task(tmp_path, f"t{i}") for i in range(3)]
+    # each episode writes a marker and checks that no other episode's marker is in its sandbox
+    script = [_block("mark", "test ! -e MARK && echo fresh > MARK && echo ok")]
+    engine = ScriptedPolicy(chat, {t.instance_id: script for t in tasks})
+    made = []
+
+    def make_sandbox(task):
+        made.append(DirSandbox(task.extra["repo_dir"]))
+        return made[-1]
+
+    setup = _setup(chat, engine, make_sandbox, concurrency=2, prewarm_sandboxes=2)
+    trajs, stats = run_rollouts(tasks, 3, setup, progress=False)
+    assert len(trajs) == 9 and stats.infra_failures == 0
+    for t in trajs:
+        assert "ok" in t.messages[3]["content"] and "+fresh" in t.patch
+    assert len(made) == 9  # one sandbox per episode: none reused, none wasted
+    assert stats.prewarm["prefetched"] >= 5 and stats.prewarm["hits"] == stats.prewarm["prefetched"]
+    assert all(sb.root is None for sb in made)
+
+
+class Boom(BaseException):
+    """An error that escapes rollout_one (as KeyboardInterrupt would)."""
+
+
+def test_nothing_is_left_running_after_an_error(tmp_path, chat):
+    tasks = [make_task(tmp_path, f"t{i}") for i in range(3)]
+    engine = ScriptedPolicy(chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
+    made = []
+
+    def make_sandbox(task):
+        made.append(DirSandbox(task.extra["repo_dir"]))
+        return made[-1]
+
+    def grade(task, patch):
+        raise Boom
+
+    setup = _setup(chat, engine, make_sandbox, grade, concurrency=2, prewarm_sandboxes=3)
+    with pytest.raises(Boom):
+        run_rollouts(tasks, 2, setup, progress=False)
+    assert len(made) >= 3 and all(sb.root is None for sb in made)
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(_bwrap_ready() is not None, reason=str(_bwrap_ready()))
+def test_episode_timeout_ends_a_running_command_in_a_real_sandbox(tmp_path, chat):
+    from swe_megatron.rollout.setup import sandbox_factory
+
+    task = make_task(tmp_path, "t0")
+    engine = ScriptedPolicy(chat, {"t0": [_block("wait", "sleep 60")]})
+    made = []
+    factory = sandbox_factory(SandboxConfig(command_timeout_s=120))
+
+    def make_sandbox(t):
+        made.append(factory(t))
+        return made[-1]
+
+    setup = _setup(chat, engine, make_sandbox, episode_timeout_s=1.5)
+    setup.limits = EpisodeLimits(t_max=8, context_length=8192, max_tokens_per_turn=256, command_timeout_s=120,
+                                 output_cap=4000)  # fmt: skip
+    t0 = time.monotonic()
+    (traj,), stats = run_rollouts([task], 1, setup, progress=False)
+    assert time.monotonic() - t0 < 8  # not the command's 60 s
+    assert traj.exit_reason == ExitReason.harness_timeout and traj.infra_failure.startswith("timeout: ")
+    assert stats.timeouts == 1 and len(made) == 1 and made[0].workspace is None and made[0]._shell is None
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("agent.episode_timeout_s=-1", "agent.episode_timeout_s=-1"),
+        ("agent.rollout_timeout_s=-5", "agent.rollout_timeout_s=-5"),
+        ("agent.prewarm_sandboxes=-1", "prewarm_sandboxes"),
+        ("agent.prewarm_sandboxes=16", "fewer than sandbox.max_concurrent"),
+    ],
+)
+def test_rollout_limits_are_validated(override, needle):
+    from swe_megatron.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=needle):
+        load_config("embedded", [override])
+    cfg = load_config("embedded", ["agent.episode_timeout_s=0", "agent.rollout_timeout_s=600"])
+    assert cfg.agent.episode_timeout_s == 0 and cfg.agent.prewarm_sandboxes == 2

@@ -1,0 +1,420 @@
+"""Spread episodes over many sandbox servers and vLLM servers; take dead servers out of rotation.
+
+    sandboxes = SandboxPool.connect(rv.sandbox_servers, rv.token)   # a sandbox factory: sandboxes.sandbox(spec)
+    engine = RoutedEngine.vllm(rv.engines, "policy", cfg.sampling, [eos_id])
+    trajs, stats = run_rollouts(tasks, G, setup)                     # setup built around both
+    check_servers(sandboxes, engine)                                 # ServersDown if a kind is all gone
+
+Placement: a new sandbox goes to the live server holding the fewest of this run's sandboxes (ties in turn),
+not past the server's max_concurrent (when every live server is full it waits for a slot, at most
+SLOT_WAIT_S: prefetched sandboxes of the rollout manager hold slots too). An episode's
+engine session sticks to one vLLM server (its prefix cache), assigned the same way on the first turn.
+
+Failover: a SandboxError or EngineError from a server triggers a short health probe of that server. A server
+that does not answer it is out of rotation for the rest of the run (one warning); a server that answers
+stays (the error was the request's: an unusable answer, a sandbox that failed to start). The failing
+episode stays what it already is, an infrastructure failure, which rollout_one retries (agent.infra_retries)
+as a new episode placed on a live server; episodes still pinned to the dead server fail at their next call.
+With no server of a kind left, placement fails at once, the remaining episodes end quickly as
+infrastructure failures, and check_servers() turns that into one ServersDown error for the iteration.
+A server that hangs instead of dying is noticed when a request to it times out (engine.request_timeout_s,
+the command's timeout + 60 s for sandboxes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+
+from swe_megatron.engine.base import EngineError, Generation
+from swe_megatron.errors import UsageError
+from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
+from swe_megatron.sandbox.client import SandboxClient
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 10.0
+"""Timeout of one health probe of a server after a failed request."""
+SLOT_WAIT_S = 120.0
+"""Longest wait for a free sandbox slot before placing over a server's max_concurrent anyway."""
+
+
+class ServersDown(UsageError):
+    """Every server of one kind is out of rotation: the iteration cannot go on (nothing is committed)."""
+
+
+class NoServerLeft(RuntimeError):
+    """Placement found no live server (raised as SandboxError / EngineError by the callers below)."""
+
+
+class Rotation:
+    """Live/dead state and load of the servers of one kind (thread-safe)."""
+
+    def __init__(
+        self,
+        kind: str,
+        names: Sequence[str],
+        probe: Callable[[int], str | None],
+        capacity: Sequence[int | None] | None = None,
+    ):
+        self.kind = kind
+        """What the servers are, for messages ("sandbox server", "vLLM server")."""
+        self.names = list(names)
+        """Server names (URLs), by index."""
+        self.capacity = list(capacity) if capacity is not None else [None] * len(self.names)
+        """Most of our placements at once per server (None: no limit)."""
+        self.load = [0] * len(self.names)
+        """Our placements on each server now."""
+        self.dead: dict[int, str] = {}
+        """Servers out of rotation, with the reason."""
+        self.slot_wait_s = SLOT_WAIT_S
+        """How long acquire() waits for a free slot when every live server is full."""
+        self._probe = probe
+        self._cond = threading.Condition()
+        self._seq = itertools.count(1)
+        self._last = [0] * len(self.names)
+
+    @property
+    def live(self) -> list[int]:
+        """Indices of the servers still in rotation."""
+        return [i for i in range(len(self.names)) if i not in self.dead]
+
+    def is_dead(self, i: int) -> bool:
+        """True once server i is out of rotation."""
+        return i in self.dead
+
+    def acquire(self) -> int:
+        """A live server with room, the least loaded first; NoServerLeft if none lives. While all are full it
+        waits up to slot_wait_s, then overcommits the least-loaded one (which may refuse: an infra failure)."""
+        deadline = time.monotonic() + self.slot_wait_s
+        with self._cond:
+            while True:
+                live = self.live
+                if not live:
+                    raise NoServerLeft(self.down_message())
+                free = [i for i in live if self.capacity[i] is None or self.load[i] < self.capacity[i]]
+                if not free and time.monotonic() > deadline:
+                    free = live  # never wait forever: a caller holding slots may be the one we wait for
+                if free:
+                    i = min(free, key=lambda k: (self.load[k], self._last[k]))
+                    self.load[i] += 1
+                    self._last[i] = next(self._seq)
+                    return i
+                self._cond.wait(1.0)
+
+    def release(self, i: int) -> None:
+        """One placement on server i has ended."""
+        with self._cond:
+            self.load[i] = max(0, self.load[i] - 1)
+            self._cond.notify_all()
+
+    def failed(self, i: int, error: BaseException | str) -> bool:
+        """A request to server i failed: probe it; True if it is (now) out of rotation."""
+        if i in self.dead:
+            return True
+        reason = self._probe(i)
+        if reason is None:
+            return False
+        self.drop(i, f"{error}; health probe: {reason}")
+        return True
+
+    def drop(self, i: int, reason: str) -> None:
+        """Take server i out of rotation for the rest of the run (warns once)."""
+        with self._cond:
+            if i in self.dead:
+                return
+            self.dead[i] = reason
+            self._cond.notify_all()
+            left = len(self.live)
+        log.warning(
+            "%s %s is out of rotation for the rest of the run (%d of %d left): %s",
+            self.kind, self.names[i], left, len(self.names), reason,
+        )  # fmt: skip
+
+    def down_message(self) -> str:
+        """Why no server is left, naming each."""
+        each = "; ".join(f"{self.names[i]}: {r}" for i, r in sorted(self.dead.items()))
+        return f"no {self.kind} is left in rotation ({each})"
+
+
+def check_servers(*routed) -> None:
+    """ServersDown if any of the given SandboxPool / RoutedEngine objects has no live server left."""
+    for r in routed:
+        rot = getattr(r, "rotation", None)
+        if rot is not None and not rot.live:
+            raise ServersDown(
+                f"{rot.down_message()}; the iteration is not committed: restart the servers (resubmit the "
+                "Slurm job; their logs are in RUN_DIR/jobs/JOBID/logs) and rerun to resume"
+            )
+
+
+# --- sandboxes -------------------------------------------------------------------------------------------
+class SandboxPool:
+    """Many sandbox servers behind one sandbox factory (see the module docstring)."""
+
+    def __init__(
+        self,
+        clients: Sequence[SandboxClient],
+        capacity: Sequence[int | None] | None = None,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+    ):
+        if not clients:
+            raise ValueError("SandboxPool needs at least one sandbox server")
+        self.clients = list(clients)
+        """One session per server, by index."""
+        self.probe_timeout_s = probe_timeout_s
+        self.rotation = Rotation("sandbox server", [c.url for c in self.clients], self._probe, capacity)
+
+    @classmethod
+    def connect(
+        cls,
+        urls: Sequence[str],
+        token: str,
+        *,
+        command_timeout_s: float = 900.0,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> SandboxPool:
+        """Sessions with every server in urls; one that does not answer is left out (warned), none: ServersDown."""
+        clients = [SandboxClient(u, token, command_timeout_s=command_timeout_s) for u in urls]
+        capacity, unreachable = [], {}
+        for i, c in enumerate(clients):
+            try:
+                capacity.append(
+                    int(c.request("GET", "/v1/health", timeout=probe_timeout_s)["max_concurrent"])
+                )
+            except (SandboxError, OSError, KeyError, TypeError, ValueError) as e:
+                capacity.append(None)
+                unreachable[i] = f"not answering at start: {e}"
+        pool = cls(clients, capacity, probe_timeout_s)
+        for i, reason in unreachable.items():
+            pool._drop(i, reason)
+        try:
+            check_servers(pool)
+        except ServersDown:
+            pool.close()
+            raise
+        return pool
+
+    def _probe(self, i: int) -> str | None:
+        try:
+            self.clients[i].request("GET", "/v1/health", timeout=self.probe_timeout_s)
+            return None
+        except (SandboxError, OSError) as e:
+            return str(e)
+
+    def _drop(self, i: int, reason: str) -> None:
+        self.rotation.drop(i, reason)
+        self._close_later(i)
+
+    def _close_later(self, i: int) -> None:
+        # A dead client's session thread keeps reconnecting; close it off the caller's thread, since a hung
+        # server makes close() wait for its request timeout.
+        threading.Thread(target=self.clients[i].close, name="sandbox-close", daemon=True).start()
+
+    def failed(self, i: int, error: BaseException) -> None:
+        """A request to server i failed: probe it, take it out of rotation if it does not answer."""
+        was_dead = self.rotation.is_dead(i)
+        if self.rotation.failed(i, error) and not was_dead:
+            self._close_later(i)
+
+    def sandbox(self, spec: SandboxSpec) -> RoutedSandbox | Unplaced:
+        """A new sandbox (not started) on the least-loaded live server; with none left, one that fails to start."""
+        try:
+            i = self.rotation.acquire()
+        except NoServerLeft as e:
+            return Unplaced(spec, str(e))
+        return RoutedSandbox(self, i, self.clients[i].sandbox(spec))
+
+    def close(self) -> None:
+        """End every live server session (stops this run's sandboxes there); idempotent."""
+        for i, c in enumerate(self.clients):
+            if not self.rotation.is_dead(i):
+                with contextlib.suppress(Exception):  # best effort while shutting down
+                    c.close()
+
+
+class RoutedSandbox:
+    """A RemoteSandbox that reports server failures to its pool and frees its slot when stopped."""
+
+    def __init__(self, pool: SandboxPool, index: int, inner):
+        self.pool = pool
+        self.index = index
+        """Index of its server in the pool."""
+        self.inner = inner
+        self.spec = inner.spec
+        self._released = False
+
+    @property
+    def server(self) -> str:
+        """URL of the server it lives on."""
+        return self.pool.clients[self.index].url
+
+    def _call(self, fn, *args, **kwargs):
+        if self.pool.rotation.is_dead(self.index):
+            raise SandboxError(
+                f"sandbox server {self.server} is out of rotation: {self.pool.rotation.dead[self.index]}"
+            )
+        try:
+            return fn(*args, **kwargs)
+        except SandboxError as e:
+            self.pool.failed(self.index, e)
+            raise
+
+    def start(self) -> None:
+        """Start it on its server."""
+        self._call(self.inner.start)
+
+    def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        """Run a command in its shell."""
+        return self._call(self.inner.exec, command, timeout_s)
+
+    def read_file(self, path: str) -> bytes:
+        """Read a repository file."""
+        return self._call(self.inner.read_file, path)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write a repository file."""
+        self._call(self.inner.write_file, path, data)
+
+    def stop(self) -> None:
+        """Stop it (nothing to stop on a server out of rotation) and free its slot; idempotent."""
+        try:
+            if self.inner.id is not None and not self.pool.rotation.is_dead(self.index):
+                self._call(self.inner.stop)
+        finally:
+            if not self._released:
+                self._released = True
+                self.pool.rotation.release(self.index)
+
+    def __enter__(self) -> RoutedSandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Unplaced:
+    """The sandbox SandboxPool gives when no server is left: it fails like a dead server's (SandboxError), so
+    the episode ends as a sandbox error."""
+
+    def __init__(self, spec: SandboxSpec, reason: str):
+        self.spec = spec
+        self.reason = reason
+        """Why it could not be placed."""
+
+    def start(self) -> None:
+        """Raises SandboxError."""
+        raise SandboxError(self.reason)
+
+    def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        """Raises SandboxError."""
+        raise SandboxError(self.reason)
+
+    def read_file(self, path: str) -> bytes:
+        """Raises SandboxError."""
+        raise SandboxError(self.reason)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Raises SandboxError."""
+        raise SandboxError(self.reason)
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+
+# --- engines ---------------------------------------------------------------------------------------------
+def http_health(url: str, timeout_s: float) -> str | None:
+    """None if GET url/health answers 200, else why not."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as r:
+            return None if r.status == 200 else f"HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}"
+    except (urllib.error.URLError, OSError) as e:
+        return str(getattr(e, "reason", e))
+
+
+class RoutedEngine:
+    """Many single-server engines behind one Engine: sticky sessions, dead servers dropped from routing."""
+
+    def __init__(self, engines: Sequence, names: Sequence[str], probe: Callable[[int], str | None]):
+        if not engines:
+            raise ValueError("RoutedEngine needs at least one engine")
+        self.engines = list(engines)
+        self.rotation = Rotation("vLLM server", names, probe)
+        self._lock = threading.Lock()
+        self._route: dict[str, int] = {}
+
+    @classmethod
+    def vllm(
+        cls,
+        urls: Sequence[str],
+        model: str,
+        sampling,
+        stop_token_ids: list[int],
+        timeout_s: float = 600.0,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> RoutedEngine:
+        """One VllmEngine per server URL."""
+        from swe_megatron.engine.vllm import VllmEngine
+
+        urls = [u.rstrip("/") for u in urls]
+        engines = [VllmEngine([u], model, sampling, stop_token_ids, timeout_s) for u in urls]
+        return cls(engines, urls, lambda i: http_health(urls[i], probe_timeout_s))
+
+    @property
+    def urls(self) -> list[str]:
+        """URLs of the servers still in rotation."""
+        return [self.rotation.names[i] for i in self.rotation.live]
+
+    def _server_for(self, session: str) -> int:
+        with self._lock:
+            i = self._route.get(session)
+            if i is None:
+                try:
+                    i = self.rotation.acquire()
+                except NoServerLeft as e:
+                    raise EngineError(str(e)) from None
+                if not session:  # no sticky key: just the least-loaded server for this request
+                    self.rotation.release(i)
+                    return i
+                self._route[session] = i
+        if self.rotation.is_dead(i):
+            raise EngineError(
+                f"vLLM server {self.rotation.names[i]} is out of rotation: {self.rotation.dead[i]}"
+            )
+        return i
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, session: str = "") -> Generation:
+        """One turn on the session's server; an EngineError there gets the server probed."""
+        i = self._server_for(session)
+        try:
+            return self.engines[i].generate(prompt_ids, max_tokens, session)
+        except EngineError as e:
+            self.rotation.failed(i, e)
+            raise
+
+    def end_session(self, session: str) -> None:
+        """Free the session's server slot."""
+        with self._lock:
+            i = self._route.pop(session, None)
+        if i is not None:
+            self.rotation.release(i)
+            self.engines[i].end_session(session)
+
+    def reload_weights(self, path: str) -> None:
+        """Every live server reloads from path; one that fails is dropped (it would serve stale weights)."""
+        for i in self.rotation.live:
+            t = time.perf_counter()
+            try:
+                self.engines[i].reload_weights(path)
+            except EngineError as e:
+                self.rotation.drop(i, f"weight reload failed after {time.perf_counter() - t:.1f} s: {e}")
+        check_servers(self)

@@ -1,0 +1,104 @@
+"""Rollouts over two real sandbox servers, one SIGKILLed mid-iteration: its in-flight episodes fail as
+infrastructure failures, their retries run on the other server, the dead one leaves the rotation, and the
+iteration completes; with both gone, the next iteration ends in one ServersDown. The policy is the scripted
+gold-patch fake; sandboxes, grading and routing are real."""
+
+import json
+import threading
+import time
+
+import pytest
+from sandbox_servers import TOKEN, SandboxServer, missing
+
+from swe_megatron.agent.tokens import ChatFormat
+from swe_megatron.config.schema import RunConfig, SandboxConfig
+from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.rollout.rollouts import run_rollouts
+from swe_megatron.rollout.routing import SandboxPool, ServersDown, check_servers
+from swe_megatron.rollout.setup import (
+    grading_sandbox_factory,
+    load_tasks,
+    make_setup,
+    sandbox_factory,
+    swebench_grader,
+)
+from swe_megatron.trajectory import ExitReason
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
+
+
+@pytest.fixture
+def servers(tmp_path):
+    made = []
+
+    def make(n):
+        made.extend(SandboxServer(tmp_path) for _ in range(n))
+        return made[-n:]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_killed_sandbox_server_mid_iteration(tmp_path, servers):
+    import tiny_task
+
+    a, b = servers(2)
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    task = tiny_task.build_task(folder, tiny_task.build_env())
+    (folder / "tasks.jsonl").write_text(json.dumps(task.__dict__) + "\n")
+    tasks = load_tasks(folder / "tasks.jsonl")
+    chat = ChatFormat(load_tokenizer("qwen2.5"))
+    # A slow first command keeps episodes in flight on a when it is killed.
+    script = ["Let me look first.\n```\nsleep 3\n```", *gold_patch_script(tasks[0].patch)]
+    engine = ScriptedPolicy(chat, {tasks[0].instance_id: script})
+    cfg = RunConfig(run_dir=str(tmp_path / "run"), sandbox=SandboxConfig(command_timeout_s=60))
+    cfg.agent.concurrency, cfg.agent.infra_retries = 4, 2
+    pool = SandboxPool.connect([a.url, b.url], TOKEN, command_timeout_s=60)
+    assert pool.rotation.capacity == [2, 2]
+    grade = swebench_grader(cfg.sandbox, tmp_path / "grade", pool)
+    grade_sandbox = grading_sandbox_factory(cfg.sandbox, pool)
+    setup = make_setup(
+        cfg, cfg.stage1, engine, grade, sandbox_factory(cfg.sandbox, pool), grade_sandbox=grade_sandbox
+    )
+    killed = threading.Event()
+
+    def kill_a_when_busy():
+        deadline = time.monotonic() + 60
+        while pool.rotation.load[0] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # inside the first command
+        a.kill()
+        killed.set()
+
+    killer = threading.Thread(target=kill_a_when_busy, daemon=True)
+    killer.start()
+    try:
+        t0 = time.monotonic()
+        trajs, stats = run_rollouts(tasks, 6, setup, tmp_path / "t.jsonl", progress=False)
+        seconds = time.monotonic() - t0
+        killer.join(5)
+        assert killed.is_set()
+        assert len(trajs) == 6
+        for t in trajs:  # each one either done on b or an excluded infrastructure failure, never a 0
+            assert (t.resolved and not t.excluded) or (t.excluded and t.infra_failure), (
+                t.exit_reason,
+                t.infra_failure,
+            )
+        assert stats.retries >= 2  # the two episodes running on a were retried
+        assert stats.resolved == 6 - stats.infra_failures and stats.resolved >= 4
+        assert list(pool.rotation.dead) == [0] and pool.rotation.live == [1]
+        assert pool.rotation.load == [0, 0]
+        check_servers(pool)  # b is left: the iteration stands
+        print(f"6 episodes, a killed mid-iteration: {seconds:.1f} s, {stats.retries} retries")
+
+        b.kill()
+        trajs, stats = run_rollouts(tasks, 2, setup, tmp_path / "t2.jsonl", progress=False)
+        assert all(t.excluded and t.exit_reason == ExitReason.sandbox_error for t in trajs)
+        with pytest.raises(ServersDown, match="no sandbox server is left in rotation") as err:
+            check_servers(pool)
+        assert a.url in str(err.value) and b.url in str(err.value)
+    finally:
+        pool.close()
