@@ -3,4 +3,13 @@
 from swe_megatron.config.load import CONFIGS_DIR, ConfigError, find_preset, load_config, to_yaml
 from swe_megatron.config.schema import RunConfig, StageConfig, StageKind
 
-__all__ = ["CONFIGS_DIR", "ConfigError", "RunConfig", "StageConfig", "StageKind", "find_preset", "load_config", "to_yaml"]
+__all__ = [
+    "CONFIGS_DIR",
+    "ConfigError",
+    "RunConfig",
+    "StageConfig",
+    "StageKind",
+    "find_preset",
+    "load_config",
+    "to_yaml",
+]

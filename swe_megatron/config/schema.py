@@ -294,7 +294,8 @@ class TasksConfig:
     test_score) of meta.llm_score (0 best .. 3 worst each), or the number itself when llm_score is one;
     2 keeps tasks whose issue text and tests both scored 0 or 1. Tasks without a score are kept."""
     max_train_tasks: int = 0
-    """Use only the first N training tasks by instance_id (0 = all); small pools for the CPU default and tests."""
+    """Use only N training tasks (0 = all), taken round-robin over the repositories in instance_id order; small
+    pools for the CPU default and tests."""
     factory_max_tasks: int = 72
     """When train_file is missing, `swe-megatron run` builds tasks into its folder with the offline factory (this
     many tasks in all, train + test)."""
@@ -356,7 +357,8 @@ class SandboxConfig:
     output_cap_bytes: int = 65536
     """Command output kept (the rest is cut with a visible notice)."""
     max_concurrent: int = 16
-    """Sandboxes one sandbox server runs at once."""
+    """Sandboxes one sandbox server runs at once (at least agent.concurrency over all servers; see
+    agent.prewarm_sandboxes for the slots sandboxes started ahead use)."""
     sif_dir: str = ""
     """Apptainer: folder with one SIF per task image."""
     workspace_root: str = "/var/tmp/swe-megatron-sandboxes"
@@ -481,12 +483,15 @@ class AgentConfig:
     infrastructure failures (harness_timeout), so stragglers cannot hold up the iteration; 0: no limit."""
     prewarm_sandboxes: int = 2
     """Episode sandboxes started ahead of need, on background threads, for the next episodes in the queue
-    (each still a fresh sandbox of its own); 0: each sandbox starts when its episode does. They count
-    against sandbox.max_concurrent while they wait."""
+    (each still a fresh sandbox of its own, and with prewarm_grading its grading sandbox too); 0: each
+    sandbox starts when its episode does. On sandbox servers, sandboxes started ahead only take slots beyond
+    the `concurrency` kept for the running episodes and never wait for one (else they are skipped, counted in
+    the rollout's prewarm stats): there is room for them when sandbox.max_concurrent x servers >= (concurrency
+    + prewarm_sandboxes) x (1 + prewarm_grading), but for slots still held by sandboxes stopping meanwhile."""
     prewarm_grading: bool = True
     """Start each episode's grading sandbox (a clean copy of the task repository, never the agent's) while
-    the episode runs, so grading does not wait for it; needs a rollout setup with a grading sandbox
-    factory (rollout.setup.swebench_grader has one)."""
+    the episode runs, so grading does not wait for it (a sandbox started ahead, see prewarm_sandboxes); needs
+    a rollout setup with a grading sandbox factory (rollout.setup.swebench_grader has one)."""
     background_teardown: bool = True
     """Stop sandboxes (kill processes, remove the workspace) on a background thread once an episode or a
     grading is done with them, off the episode's critical path; all are stopped before the rollout returns."""

@@ -166,10 +166,12 @@ def validate(cfg: Any) -> list[str]:
             f"agent.concurrency={a.concurrency} / infra_retries={a.infra_retries} / prewarm_sandboxes="
             f"{a.prewarm_sandboxes} are invalid; allowed: concurrency >= 1, infra_retries >= 0, prewarm_sandboxes >= 0"
         )
-    if a.prewarm_sandboxes >= cfg.sandbox.max_concurrent:
+    slots = cfg.sandbox.max_concurrent * max(1, c.nodes)  # one sandbox server per node
+    if a.concurrency > slots:
         out.append(
-            f"agent.prewarm_sandboxes={a.prewarm_sandboxes} is invalid; allowed: fewer than sandbox.max_concurrent "
-            f"({cfg.sandbox.max_concurrent}), or started-ahead sandboxes could take every slot episodes need"
+            f"agent.concurrency={a.concurrency} is invalid; allowed: at most sandbox.max_concurrent x cluster.nodes "
+            f"({cfg.sandbox.max_concurrent} x {max(1, c.nodes)} = {slots}): each running episode needs a sandbox "
+            "slot, and an episode finding none waits, then is refused (an infrastructure failure)"
         )
     for key in ("episode_timeout_s", "rollout_timeout_s"):
         if not getattr(a, key) >= 0:

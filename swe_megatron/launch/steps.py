@@ -97,11 +97,14 @@ def sandbox_server(job_dir: str, config: str, overrides: list[str], port: int = 
     log = job / "logs" / f"sandbox-{env.rank}-{host}.log"
     argv = [*_cli(), "sandbox-server", "--host", host, "--port", str(port), "--token-file",
             str(job / rendezvous.TOKEN_FILE), "--config", config, *overrides]  # fmt: skip
+    # The log is appended to across restarts of the job (a requeue keeps SLURM_JOB_ID): only what this start
+    # writes counts, or an earlier start's address would be published.
+    start = log.stat().st_size if log.exists() else 0
     child = _Child(argv, log)
     deadline = time.monotonic() + 300
     url = None
     while url is None:
-        m = re.search(r"sandbox-server listening on (http://\S+)", _read(log))
+        m = re.search(r"sandbox-server listening on (http://\S+)", _read(log, start))
         if m:
             url = m.group(1)
         elif child.proc.poll() is not None:
@@ -168,9 +171,11 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, offset: int = 0) -> str:
     try:
-        return path.read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
 

@@ -49,8 +49,18 @@ def planned_units(cfg) -> list[str]:
     return units
 
 
+def spread_over_repos(tasks: list) -> list:
+    """Tasks in round-robin order over their repositories (each repository's own order kept), so that the first
+    N span as many libraries as possible."""
+    by_repo: dict[str, list] = {}
+    for t in tasks:
+        by_repo.setdefault(t.repo, []).append(t)
+    queues = [by_repo[r] for r in sorted(by_repo)]
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+
 def ensure_tasks(cfg) -> tuple[dict, list]:
-    """Training tasks (dict by id, at most tasks.max_train_tasks) and held-out tasks; built with the factory if missing."""
+    """Training tasks (dict by id; at most tasks.max_train_tasks, spread over the repositories) and held-out tasks; built with the factory if missing."""
     from swe_megatron.rollout.setup import load_tasks
 
     train_file = Path(cfg.tasks.train_file)
@@ -73,7 +83,7 @@ def ensure_tasks(cfg) -> tuple[dict, list]:
         raise UsageError(f"cannot read tasks: {e}") from None
     train = sorted(train, key=lambda t: t.instance_id)
     if cfg.tasks.max_train_tasks:
-        train = train[: cfg.tasks.max_train_tasks]
+        train = spread_over_repos(train)[: cfg.tasks.max_train_tasks]
     if not train:
         raise UsageError(f"{train_file} holds no tasks")
     return {t.instance_id: t for t in train}, test

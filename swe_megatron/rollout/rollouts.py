@@ -17,6 +17,9 @@ background while the current ones run (agent.prewarm_sandboxes), each episode's 
 copy of the task repository, never the agent's sandbox) starts while the episode runs (agent.prewarm_grading),
 and finished sandboxes are stopped by a reaper thread (agent.background_teardown). Every episode and every
 grading still gets a sandbox of its own, and nothing started here outlives run_rollouts, errors included.
+On sandbox servers with limited slots a sandbox started ahead takes only a slot the running episodes cannot
+need (agent.concurrency of them stay free for their own sandboxes and gradings) and never waits for one;
+without such a slot it is skipped (`RolloutStats.prewarm["skipped"]`) and the sandbox starts when needed.
 """
 
 from __future__ import annotations
@@ -119,7 +122,8 @@ class RolloutStats:
     wall_s: float = 0.0
     prewarm: dict[str, int] = field(default_factory=dict)
     """Sandbox pool counts: prefetched, hits (episodes and gradings served by a prefetched sandbox),
-    failed_starts (prefetches that did not start), stop_errors."""
+    skipped (prefetches not made for want of a spare sandbox server slot), failed_starts (prefetches that
+    did not start), stop_errors."""
 
     def add(self, traj: Trajectory, retries: int) -> None:
         """Count one finished trajectory."""
@@ -183,21 +187,24 @@ class RolloutSandboxes:
 
     For the agent.prewarm_sandboxes jobs after the ones running, in job order, the episode sandbox and (with
     agent.prewarm_grading) the grading sandbox are started ahead, keyed by task; an episode that finds no
-    grading sandbox started for it (the first ones, retries) has one started when it begins. close() stops
-    all of them, whatever happened.
+    grading sandbox started for it (the first ones, retries) has one started when it begins. Every start
+    ahead of need leaves agent.concurrency sandbox server slots free (each running episode needs one at a
+    time: its sandbox, then its grading sandbox) and is skipped rather than waiting (see the module
+    docstring). close() stops all of them, whatever happened.
     """
 
     def __init__(self, setup: RolloutSetup, jobs: list[tuple[Task, int]]):
         a = setup.agent
         self.setup = setup
+        reserve = max(1, a.concurrency)
         self.episodes = Prewarmer(
-            a.prewarm_sandboxes, background_stop=a.background_teardown, name="episode-sbx"
+            a.prewarm_sandboxes, reserve=reserve, background_stop=a.background_teardown, name="episode-sbx"
         )
         """Episode sandboxes (setup.make_sandbox)."""
         ahead = max(1, a.concurrency) + a.prewarm_sandboxes
         grading = a.prewarm_grading and setup.grade_sandbox is not None
         self.grading = Prewarmer(
-            ahead if grading else 0, background_stop=a.background_teardown, name="grade-sbx"
+            ahead if grading else 0, reserve=reserve, background_stop=a.background_teardown, name="grade-sbx"
         )
         """Grading sandboxes (setup.grade_sandbox)."""
         self._jobs = jobs
@@ -275,7 +282,7 @@ class RolloutSandboxes:
         pools = (self.episodes, self.grading)
         return {
             key: sum(getattr(p, key) for p in pools)
-            for key in ("prefetched", "hits", "failed_starts", "stop_errors")
+            for key in ("prefetched", "hits", "skipped", "failed_starts", "stop_errors")
         }
 
     def close(self) -> None:

@@ -6,8 +6,13 @@
     check_servers(sandboxes, engine)                                 # ServersDown if a kind is all gone
 
 Placement: a new sandbox goes to the live server holding the fewest of this run's sandboxes (ties in turn),
-not past the server's max_concurrent (when every live server is full it waits for a slot, at most
-SLOT_WAIT_S: prefetched sandboxes of the rollout manager hold slots too). An episode's
+not past the server's max_concurrent. A sandbox needed now waits for a slot while every live server is full
+(at most SLOT_WAIT_S, then it overcommits, which the server may refuse). A sandbox made ahead of need (the
+rollout manager's prefetches, made inside sandbox.base.ahead_of_need(reserve)) never waits: it is placed only
+while the sandboxes placed ahead and not yet claimed by their user, itself included, leave `reserve` slots of
+the live servers (the rollout's agent.concurrency: one per running episode) to the sandboxes needed now;
+else it is not made (NoFreeSlot). So a prefetched sandbox never holds a slot that a running episode's own
+sandbox or grading waits for. An episode's
 engine session sticks to one vLLM server (its prefix cache), assigned the same way on the first turn.
 
 Failover: a SandboxError or EngineError from a server triggers a short health probe of that server. A server
@@ -34,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 from swe_megatron.engine.base import EngineError, Generation
 from swe_megatron.errors import UsageError
-from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
+from swe_megatron.sandbox.base import ExecResult, NoFreeSlot, SandboxError, SandboxSpec, slot_reserve
 from swe_megatron.sandbox.client import SandboxClient
 
 log = logging.getLogger(__name__)
@@ -42,7 +47,8 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 10.0
 """Timeout of one health probe of a server after a failed request."""
 SLOT_WAIT_S = 120.0
-"""Longest wait for a free sandbox slot before placing over a server's max_concurrent anyway."""
+"""Longest wait of a needed placement for a free sandbox slot before placing over a server's max_concurrent
+anyway (a run that needs more sandboxes at once than the servers allow: more episodes than slots)."""
 
 
 class ServersDown(UsageError):
@@ -51,6 +57,10 @@ class ServersDown(UsageError):
 
 class NoServerLeft(RuntimeError):
     """Placement found no live server (raised as SandboxError / EngineError by the callers below)."""
+
+
+class NoRoom(RuntimeError):
+    """A speculative placement found no slot to spare (raised as NoFreeSlot by SandboxPool)."""
 
 
 class Rotation:
@@ -71,10 +81,16 @@ class Rotation:
         """Most of our placements at once per server (None: no limit)."""
         self.load = [0] * len(self.names)
         """Our placements on each server now."""
+        self.ahead = [0] * len(self.names)
+        """Of those, the speculative placements not yet claimed (acquire(reserve=N), see claim())."""
         self.dead: dict[int, str] = {}
         """Servers out of rotation, with the reason."""
         self.slot_wait_s = SLOT_WAIT_S
-        """How long acquire() waits for a free slot when every live server is full."""
+        """How long a needed placement waits for a free slot when every live server is full."""
+        self.longest_wait_s = 0.0
+        """Longest time a placement waited for a free slot so far."""
+        self.overcommits = 0
+        """Placements made over a server's capacity after slot_wait_s (each warned)."""
         self._probe = probe
         self._cond = threading.Condition()
         self._seq = itertools.count(1)
@@ -89,29 +105,54 @@ class Rotation:
         """True once server i is out of rotation."""
         return i in self.dead
 
-    def acquire(self) -> int:
-        """A live server with room, the least loaded first; NoServerLeft if none lives. While all are full it
-        waits up to slot_wait_s, then overcommits the least-loaded one (which may refuse: an infra failure)."""
-        deadline = time.monotonic() + self.slot_wait_s
+    def acquire(self, reserve: int | None = None) -> int:
+        """A live server with room, the least loaded first; NoServerLeft if none lives.
+
+        reserve None (a placement needed now): while all are full it waits up to slot_wait_s, then overcommits
+        the least-loaded one (which may refuse: an infra failure). reserve N (a speculative placement, counted
+        in `ahead` until claim() or release()): it never waits, and is made only when the unclaimed
+        speculative placements, itself included, leave N slots of the live servers' capacity; else NoRoom.
+        """
+        t0 = time.monotonic()
         with self._cond:
             while True:
                 live = self.live
                 if not live:
                     raise NoServerLeft(self.down_message())
                 free = [i for i in live if self.capacity[i] is None or self.load[i] < self.capacity[i]]
-                if not free and time.monotonic() > deadline:
+                if reserve is not None:
+                    total = sum(float("inf") if self.capacity[i] is None else self.capacity[i] for i in live)
+                    if not free or sum(self.ahead[i] for i in live) + 1 > total - reserve:
+                        raise NoRoom(
+                            f"no {self.kind} slot to spare ({reserve} kept for sandboxes needed now)"
+                        )
+                elif not free and time.monotonic() - t0 > self.slot_wait_s:
                     free = live  # never wait forever: a caller holding slots may be the one we wait for
+                    self.overcommits += 1
+                    log.warning(
+                        "no %s had a free slot for %.0f s: placing over max_concurrent (more sandboxes needed "
+                        "at once than the servers allow; it may be refused)", self.kind, self.slot_wait_s,
+                    )  # fmt: skip
                 if free:
                     i = min(free, key=lambda k: (self.load[k], self._last[k]))
                     self.load[i] += 1
+                    self.ahead[i] += reserve is not None
                     self._last[i] = next(self._seq)
+                    self.longest_wait_s = max(self.longest_wait_s, time.monotonic() - t0)
                     return i
                 self._cond.wait(1.0)
 
-    def release(self, i: int) -> None:
-        """One placement on server i has ended."""
+    def claim(self, i: int) -> None:
+        """A speculative placement on server i is now in use (it counts as needed from here on)."""
+        with self._cond:
+            self.ahead[i] = max(0, self.ahead[i] - 1)
+
+    def release(self, i: int, ahead: bool = False) -> None:
+        """One placement on server i has ended (ahead: a speculative one never claimed)."""
         with self._cond:
             self.load[i] = max(0, self.load[i] - 1)
+            if ahead:
+                self.ahead[i] = max(0, self.ahead[i] - 1)
             self._cond.notify_all()
 
     def failed(self, i: int, error: BaseException | str) -> bool:
@@ -224,12 +265,17 @@ class SandboxPool:
             self._close_later(i)
 
     def sandbox(self, spec: SandboxSpec) -> RoutedSandbox | Unplaced:
-        """A new sandbox (not started) on the least-loaded live server; with none left, one that fails to start."""
+        """A new sandbox (not started) on the least-loaded live server; with none left, one that fails to start.
+        Inside sandbox.base.ahead_of_need(reserve): placed without waiting, only with `reserve` slots left to
+        the sandboxes needed now, else NoFreeSlot; its user claim()s it (see the module docstring)."""
+        reserve = slot_reserve()
         try:
-            i = self.rotation.acquire()
+            i = self.rotation.acquire(reserve)
         except NoServerLeft as e:
             return Unplaced(spec, str(e))
-        return RoutedSandbox(self, i, self.clients[i].sandbox(spec))
+        except NoRoom as e:
+            raise NoFreeSlot(str(e)) from None
+        return RoutedSandbox(self, i, self.clients[i].sandbox(spec), ahead=reserve is not None)
 
     def close(self) -> None:
         """End every live server session (stops this run's sandboxes there); idempotent."""
@@ -242,13 +288,16 @@ class SandboxPool:
 class RoutedSandbox:
     """A RemoteSandbox that reports server failures to its pool and frees its slot when stopped."""
 
-    def __init__(self, pool: SandboxPool, index: int, inner):
+    def __init__(self, pool: SandboxPool, index: int, inner, ahead: bool = False):
         self.pool = pool
         self.index = index
         """Index of its server in the pool."""
         self.inner = inner
         self.spec = inner.spec
+        self.ahead = ahead
+        """Placed ahead of need and not claimed yet (see claim())."""
         self._released = False
+        self._lock = threading.Lock()
 
     @property
     def server(self) -> str:
@@ -265,6 +314,13 @@ class RoutedSandbox:
         except SandboxError as e:
             self.pool.failed(self.index, e)
             raise
+
+    def claim(self) -> None:
+        """Its user has it now: a sandbox placed ahead of need counts as needed from here on (idempotent)."""
+        with self._lock:
+            ahead, self.ahead = self.ahead, False
+        if ahead:
+            self.pool.rotation.claim(self.index)
 
     def start(self) -> None:
         """Start it on its server."""
@@ -288,9 +344,11 @@ class RoutedSandbox:
             if self.inner.id is not None and not self.pool.rotation.is_dead(self.index):
                 self._call(self.inner.stop)
         finally:
-            if not self._released:
-                self._released = True
-                self.pool.rotation.release(self.index)
+            with self._lock:
+                release, self._released = not self._released, True
+                ahead, self.ahead = self.ahead, False
+            if release:
+                self.pool.rotation.release(self.index, ahead)
 
     def __enter__(self) -> RoutedSandbox:
         self.start()

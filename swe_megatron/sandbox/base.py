@@ -6,6 +6,9 @@ sandbox, and never see the network or host files (design.md invariant 7).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +31,32 @@ class ExecResult:
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (not the command inside it): an infrastructure failure."""
+
+
+class NoFreeSlot(SandboxError):
+    """A sandbox made ahead of need (see `ahead_of_need`) found no sandbox server slot to spare: it is not
+    made, and the caller makes one when it is needed."""
+
+
+_reserve: contextvars.ContextVar[int | None] = contextvars.ContextVar("sandbox_slot_reserve", default=None)
+
+
+@contextlib.contextmanager
+def ahead_of_need(reserve: int) -> Iterator[None]:
+    """Sandboxes made inside (on this thread) are speculative: a factory whose servers have limited slots
+    (rollout.routing.SandboxPool) never waits for a slot, places one only while the speculative sandboxes not
+    yet in use leave `reserve` slots to the sandboxes needed now, and raises NoFreeSlot otherwise. Such a
+    sandbox that has a `claim()` method is claimed when handed to its user (it then counts as needed)."""
+    token = _reserve.set(max(0, reserve))
+    try:
+        yield
+    finally:
+        _reserve.reset(token)
+
+
+def slot_reserve() -> int | None:
+    """The `reserve` of the enclosing ahead_of_need() (None outside one: the sandbox is needed now)."""
+    return _reserve.get()
 
 
 class Sandbox(Protocol):

@@ -1,6 +1,6 @@
 """Sandbox lifecycle off the critical path: start sandboxes before they are needed, stop them after, in threads.
 
-    pool = Prewarmer(capacity=2)
+    pool = Prewarmer(capacity=2, reserve=4)
     pool.prefetch("task-1", lambda: make_sandbox(spec, cfg))   # starts in the background
     sb = pool.take("task-1") or pool.lease(make_sandbox(spec, cfg))   # started (waits if still starting)
     ... sb.exec(...) ...
@@ -9,8 +9,11 @@
 
 Every sandbox is handed out once (a fresh sandbox per episode or grading, never a reused one). A prefetched
 sandbox is a new sandbox of its own (its own workspace copy and processes): starting it early changes when
-it starts, not what it is. A prefetch whose start fails is dropped (`take` returns None and the caller
-starts a fresh one itself, where a failure is reported as usual). `close()` (also on errors) stops the
+it starts, not what it is. A prefetch is made inside sandbox.base.ahead_of_need(reserve): on sandbox servers
+with limited slots it never waits for a slot and is placed only while the prefetches not yet taken leave
+`reserve` slots to the sandboxes needed now, else it is skipped; `take` claims it. A skipped prefetch, and
+one whose start fails, is dropped (`take` returns None and the caller starts a fresh one itself, where a
+failure is reported as usual). `close()` (also on errors) stops the
 sandboxes waiting to be taken, those still starting, and those handed out and not yet stopped, and waits
 for every stop, so no sandbox of the pool outlives it.
 """
@@ -24,7 +27,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from swe_megatron.sandbox.base import ExecResult, Sandbox, SandboxError
+from swe_megatron.sandbox.base import ExecResult, NoFreeSlot, Sandbox, SandboxError, ahead_of_need
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +132,13 @@ class Leased:
 class Prewarmer:
     """Starts sandboxes ahead of need (keyed, at most `capacity` waiting) and stops them in the background."""
 
-    def __init__(self, capacity: int, *, background_stop: bool = True, name: str = "sandbox"):
+    def __init__(
+        self, capacity: int, *, reserve: int = 0, background_stop: bool = True, name: str = "sandbox"
+    ):
         self.capacity = max(0, capacity)
         """Prefetched sandboxes (starting or started) that may wait to be taken at once."""
+        self.reserve = max(0, reserve)
+        """Sandbox server slots a prefetch leaves free for the sandboxes needed now (see the module docstring)."""
         self.background_stop = background_stop
         """stop() of a handed-out sandbox returns at once and a reaper thread stops it; else it stops inline."""
         self._lock = threading.Lock()
@@ -146,9 +153,11 @@ class Prewarmer:
         self._reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{name}-reap")
         self._stops: list[Future] = []
         self.prefetched = 0
-        """Sandboxes started ahead of need."""
+        """Sandboxes asked for ahead of need (prefetch() calls that were accepted)."""
         self.hits = 0
         """take() calls answered with a prefetched sandbox."""
+        self.skipped = 0
+        """Prefetches not made for want of a sandbox server slot to spare (the caller made one when needed)."""
         self.failed_starts = 0
         """Prefetches whose start failed (the caller started a fresh sandbox instead)."""
         self.stop_errors = 0
@@ -183,7 +192,8 @@ class Prewarmer:
         return True
 
     def _start(self, make: Callable[[], Sandbox]) -> Sandbox:
-        sandbox = make()
+        with ahead_of_need(self.reserve):
+            sandbox = make()
         try:
             sandbox.start()
         except BaseException:
@@ -192,8 +202,8 @@ class Prewarmer:
         return sandbox
 
     def take(self, key: str) -> Leased | None:
-        """The oldest sandbox prefetched for key, started (waits while it starts); None if there is none
-        or its start failed."""
+        """The oldest sandbox prefetched for key, started (waits while it starts); None if there is none,
+        it was skipped, or its start failed."""
         with self._lock:
             queue = self._waiting.get(key)
             if self._closed or not queue:
@@ -204,11 +214,19 @@ class Prewarmer:
             self._n_waiting -= 1
         try:
             sandbox = fut.result()
+        except NoFreeSlot as e:
+            log.debug("the prefetch for %s was skipped: %s", key, e)
+            with self._lock:
+                self.skipped += 1
+            return None
         except Exception as e:  # noqa: BLE001 - the caller starts a fresh one and reports its failure, if any
             log.warning("a prefetched sandbox for %s did not start (a fresh one is used): %s", key, e)
             with self._lock:
                 self.failed_starts += 1
             return None
+        claim = getattr(sandbox, "claim", None)
+        if claim is not None:
+            claim()  # in use now: no longer a slot taken ahead of need
         with self._lock:
             self.hits += 1
         return self._register(sandbox, started=True)

@@ -63,7 +63,12 @@ def test_excluded_means_infrastructure_or_drift_but_not_limits():
     assert build_trajectory(exit_reason=ExitReason.sandbox_error).excluded
     assert build_trajectory(infra_failure="grading: timeout").excluded
     assert build_trajectory(drifted=True).excluded
-    assert {r.value for r in ExitReason if r.is_infra} == {"sandbox_error", "engine_error", "harness_timeout", "harness_error"}
+    assert {r.value for r in ExitReason if r.is_infra} == {
+        "sandbox_error",
+        "engine_error",
+        "harness_timeout",
+        "harness_error",
+    }
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 
 import pytest
 
@@ -157,3 +158,20 @@ def test_checkpoint_asks_the_run_to_stop_through_run_dir_stop(tmp_path, monkeypa
     assert job._rc == 75 and stop.exists() and time.monotonic() - t < 20  # stopped by itself, not SIGTERM
     assert again.function.grace_s == 30 and again.function.stop_file == stop
     assert PipelineJob("c", ["a=1"]).stop_file is None
+
+
+def test_sandbox_step_publishes_this_starts_address_not_an_earlier_one(tmp_path, monkeypatch):
+    """A requeued job keeps its id, so the server log already holds the previous start's address."""
+    from swe_megatron.launch import steps
+
+    job = tmp_path / "job"
+    rendezvous.init_job_dir(job)
+    (job / "logs").mkdir()
+    (job / "logs" / "sandbox-0-vm.log").write_text("sandbox-server listening on http://vm:1111\n")
+    # test fake at the process boundary: a "server" that announces its address after a moment, then exits
+    fake = "import time; time.sleep(1); print('sandbox-server listening on http://vm:2222', flush=True)"
+    monkeypatch.setattr(steps, "_cli", lambda: [sys.executable, "-c", fake])
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "vm", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+               "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1"}  # fmt: skip
+    assert steps.sandbox_server(str(job), "embedded", [], environ=environ) == 0
+    assert rendezvous.entries(job)["sandbox"][0]["url"] == "http://vm:2222"

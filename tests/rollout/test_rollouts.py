@@ -334,7 +334,7 @@ def test_episode_timeout_ends_a_running_command_in_a_real_sandbox(tmp_path, chat
         ("agent.episode_timeout_s=-1", "agent.episode_timeout_s=-1"),
         ("agent.rollout_timeout_s=-5", "agent.rollout_timeout_s=-5"),
         ("agent.prewarm_sandboxes=-1", "prewarm_sandboxes"),
-        ("agent.prewarm_sandboxes=16", "fewer than sandbox.max_concurrent"),
+        ("agent.concurrency=5", "at most sandbox.max_concurrent x cluster.nodes"),
     ],
 )
 def test_rollout_limits_are_validated(override, needle):

@@ -3,6 +3,7 @@ and its episodes retried on the others; weight reload drops a server that cannot
 one ServersDown. The servers are HTTP stand-ins (vllm_stub.py); routing, engine client and rollouts are real."""
 
 import logging
+import time
 
 import pytest
 from fake_sandbox import DirSandbox
@@ -16,7 +17,7 @@ from swe_megatron.config.schema import AgentConfig, SamplingConfig
 from swe_megatron.engine.base import EngineError
 from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.rollout.rollouts import GradeOutcome, RolloutSetup, run_rollouts
-from swe_megatron.rollout.routing import Rotation, RoutedEngine, ServersDown, check_servers
+from swe_megatron.rollout.routing import NoRoom, Rotation, RoutedEngine, ServersDown, check_servers
 from swe_megatron.trajectory import ExitReason
 
 LIMITS = EpisodeLimits(
@@ -111,6 +112,26 @@ def test_rotation_waits_for_a_free_slot():
     rot.release(0)
     t.join(5)
     assert got == [0]
+
+
+def test_speculative_placements_never_wait_and_leave_the_reserve():
+    rot = Rotation("sandbox server", ["x", "y"], probe=lambda i: None, capacity=[2, 2])
+    needed = rot.acquire()
+    ahead = [rot.acquire(reserve=2), rot.acquire(reserve=2)]  # 4 slots, 2 kept: 2 may be taken ahead
+    with pytest.raises(NoRoom):
+        rot.acquire(reserve=2)  # a slot is free, but only for the sandboxes needed now
+    assert rot.ahead[0] + rot.ahead[1] == 2 and sum(rot.load) == 3
+    rot.claim(ahead[0])  # in use now: one more may be taken ahead, here the last free slot
+    rot.acquire(reserve=2)
+    t0 = time.monotonic()
+    with pytest.raises(NoRoom):
+        rot.acquire(reserve=0)  # every server full: no wait
+    assert time.monotonic() - t0 < 0.5
+    rot.release(ahead[1], ahead=True)
+    rot.release(needed)
+    assert sum(rot.ahead) == 1 and sum(rot.load) == 2 and rot.overcommits == 0
+    unlimited = Rotation("sandbox server", ["z"], probe=lambda i: None)
+    assert [unlimited.acquire(reserve=5) for _ in range(3)] == [0, 0, 0]
 
 
 def test_engine_death_mid_iteration_retries_episodes_on_the_other_server(tmp_path, chat, stubs):

@@ -63,7 +63,6 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
     from swe_megatron.train.step import LossSpec, Trainer
     from swe_megatron.train.weight_sync import BroadcastWeightSync, sync_through_files
 
-
     par = ParallelConfig(micro_batch_tokens=4096)
     parallel.init_model_parallel(par, seed=7)
     trainer = Trainer(TINY, par, OptimConfig(lr=3e-2, grad_clip=0.0, weight_decay=0.0), total_steps=4)
@@ -79,7 +78,11 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
     # A short work dir: vLLM's IPC socket paths under it must stay within 107 characters.
     work = Path(tempfile.mkdtemp(prefix="swe-vllm-", dir="/tmp"))
     srv = VllmServer(
-        str(tmp_path / "model"), parallel.free_port(), EngineConfig(cpu_kvcache_gib=1, weight_sync="nccl"), work, 512
+        str(tmp_path / "model"),
+        parallel.free_port(),
+        EngineConfig(cpu_kvcache_gib=1, weight_sync="nccl"),
+        work,
+        512,
     )
     try:
         srv.start()
