@@ -4,21 +4,17 @@ and grading sandboxes filled the server, the episodes' own placements waited for
 and then overcommitted into HTTP 429s. The policy is the scripted gold-patch fake; sandboxes, grading and
 routing are real."""
 
-import json
 import time
 
 import pytest
-from sandbox_servers import TOKEN, SandboxServer, missing
+from sandbox_servers import TOKEN, missing
 
-from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.config.schema import RunConfig, SandboxConfig
 from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
-from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.rollout.rollouts import run_rollouts
 from swe_megatron.rollout.routing import SandboxPool
 from swe_megatron.rollout.setup import (
     grading_sandbox_factory,
-    load_tasks,
     make_setup,
     sandbox_factory,
     swebench_grader,
@@ -30,28 +26,8 @@ CONCURRENCY = 2
 EPISODES = 6
 
 
-@pytest.fixture
-def servers(tmp_path):
-    made = []
-
-    def make(max_concurrent):
-        made.append(SandboxServer(tmp_path, max_concurrent=max_concurrent))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.close()
-
-
-def test_prewarm_never_holds_a_slot_a_running_episode_needs(tmp_path, servers):
-    import tiny_task
-
-    folder = tmp_path / "tasks"
-    folder.mkdir()
-    task = tiny_task.build_task(folder, tiny_task.build_env())
-    (folder / "tasks.jsonl").write_text(json.dumps(task.__dict__) + "\n")
-    tasks = load_tasks(folder / "tasks.jsonl")
-    chat = ChatFormat(load_tokenizer("qwen2.5"))
+def test_prewarm_never_holds_a_slot_a_running_episode_needs(tmp_path, sandbox_servers, gold_task):
+    tasks, chat = gold_task
     engine = ScriptedPolicy(chat, {tasks[0].instance_id: gold_patch_script(tasks[0].patch)})
 
     def rollout(server, **agent) -> tuple[float, dict, SandboxPool]:
@@ -82,11 +58,11 @@ def test_prewarm_never_holds_a_slot_a_running_episode_needs(tmp_path, servers):
         assert pool.rotation.load == [0]
         return seconds, stats.prewarm, pool
 
-    tight = servers(CONCURRENCY)  # no slot beyond the running episodes' own
+    (tight,) = sandbox_servers(1, CONCURRENCY)  # no slot beyond the running episodes' own
     plain_s, _, plain = rollout(tight, prewarm_sandboxes=0, prewarm_grading=False)
     warm_s, counts, warm = rollout(tight)  # the defaults: 2 episode sandboxes ahead, grading sandboxes ahead
     # Room for what the defaults start ahead: (concurrency + prewarm_sandboxes) x (1 + prewarm_grading).
-    ample_s, ample_counts, ample = rollout(servers((CONCURRENCY + 2) * 2))
+    ample_s, ample_counts, ample = rollout(sandbox_servers(1, (CONCURRENCY + 2) * 2)[0])
     print(
         f"{EPISODES} episodes at concurrency {CONCURRENCY}: {plain_s:.1f} s plain, {warm_s:.1f} s prewarm "
         f"{counts}, {ample_s:.1f} s prewarm with room {ample_counts}"

@@ -3,22 +3,18 @@ infrastructure failures, their retries run on the other server, the dead one lea
 iteration completes; with both gone, the next iteration ends in one ServersDown. The policy is the scripted
 gold-patch fake; sandboxes, grading and routing are real."""
 
-import json
 import threading
 import time
 
 import pytest
-from sandbox_servers import TOKEN, SandboxServer, missing
+from sandbox_servers import TOKEN, missing
 
-from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.config.schema import RunConfig, SandboxConfig
 from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
-from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.rollout.rollouts import run_rollouts
 from swe_megatron.rollout.routing import SandboxPool, ServersDown, check_servers
 from swe_megatron.rollout.setup import (
     grading_sandbox_factory,
-    load_tasks,
     make_setup,
     sandbox_factory,
     swebench_grader,
@@ -28,29 +24,9 @@ from swe_megatron.trajectory import ExitReason
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
 
-@pytest.fixture
-def servers(tmp_path):
-    made = []
-
-    def make(n):
-        made.extend(SandboxServer(tmp_path) for _ in range(n))
-        return made[-n:]
-
-    yield make
-    for s in made:
-        s.close()
-
-
-def test_killed_sandbox_server_mid_iteration(tmp_path, servers):
-    import tiny_task
-
-    a, b = servers(2)
-    folder = tmp_path / "tasks"
-    folder.mkdir()
-    task = tiny_task.build_task(folder, tiny_task.build_env())
-    (folder / "tasks.jsonl").write_text(json.dumps(task.__dict__) + "\n")
-    tasks = load_tasks(folder / "tasks.jsonl")
-    chat = ChatFormat(load_tokenizer("qwen2.5"))
+def test_killed_sandbox_server_mid_iteration(tmp_path, sandbox_servers, gold_task):
+    a, b = sandbox_servers(2)
+    tasks, chat = gold_task
     # A slow first command keeps episodes in flight on a when it is killed.
     script = ["Let me look first.\n```\nsleep 3\n```", *gold_patch_script(tasks[0].patch)]
     engine = ScriptedPolicy(chat, {tasks[0].instance_id: script})

@@ -8,7 +8,6 @@ Run: .venv/bin/python -m pytest tests/sandbox -q
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sandbox_servers import missing
 
 from swe_megatron.config.schema import SandboxBackend, SandboxConfig
 from swe_megatron.sandbox import SandboxSpec, make_sandbox
@@ -24,18 +24,9 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "sandbox tests run as root (the sandbox drops to the swe-sandbox user): run them as root"
-    for tool in ("bwrap", "setpriv", "prlimit"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed: run tools/sandbox_setup.sh"
-    try:
-        pwd.getpwnam("swe-sandbox")
-    except KeyError:
-        return "the swe-sandbox user does not exist: run tools/sandbox_setup.sh"
     if not os.path.exists(SYSTEM_PYTHON):
         return f"{SYSTEM_PYTHON} (Debian's Python, used for task venvs) is missing"
-    return None
+    return missing()
 
 
 MISSING = _missing()

@@ -4,65 +4,25 @@ from __future__ import annotations
 
 import http.client
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from sandbox_servers import TOKEN, SandboxServer
 
 from swe_megatron.sandbox import SandboxError, SandboxSpec
 from swe_megatron.sandbox.client import SandboxClient
 
 pytestmark = pytest.mark.sandbox
 
-TOKEN = "test-token-0123456789abcdef"
 
-
-class Server:
-    """A sandbox-server subprocess with its own workspace root."""
-
-    def __init__(self, tmp: Path, *overrides: str):
-        self.root = Path(tempfile.mkdtemp(prefix="swe-sandbox-server-test-", dir="/var/tmp"))
-        self.root.chmod(0o711)
-        token_file = tmp / "token"
-        token_file.write_text(TOKEN)
-        token_file.chmod(0o600)
-        cmd = [sys.executable, "-m", "swe_megatron.cli", "sandbox-server", "--port", "0"]
-        cmd += ["--token-file", str(token_file), "--max-concurrent", "2", "--config", "embedded"]
-        cmd += [
-            f"sandbox.workspace_root={self.root}",
-            "sandbox.memory_mb=512",
-            "sandbox.max_processes=64",
-            *overrides,
-        ]
-        self.log = tmp / "server.log"
-        with open(self.log, "w") as log:  # stdout: only the ready line; the log must not fill a pipe
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-        deadline = time.monotonic() + 60
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if "listening on" in line or not line:
-                break
-        assert "listening on" in line, f"server did not start: {line}{self.log.read_text()[-2000:]}"
-        self.url = line.split()[3]
-
-    def client(self, **kw) -> SandboxClient:
-        return SandboxClient(self.url, TOKEN, **kw)
-
-    def workspaces(self) -> list[Path]:
-        return sorted(self.root.glob("sbx-*"))
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        shutil.rmtree(self.root, ignore_errors=True)
+def Server(tmp: Path, *overrides: str) -> SandboxServer:
+    """A sandbox server with small limits."""
+    return SandboxServer(tmp, 2, "sandbox.memory_mb=512", "sandbox.max_processes=64", *overrides)
 
 
 @pytest.fixture(scope="module")

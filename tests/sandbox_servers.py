@@ -1,4 +1,5 @@
-"""Real `swe-megatron sandbox-server` processes for the routing tests, and whether this machine can run them."""
+"""Real `swe-megatron sandbox-server` processes for the sandbox and routing tests, and whether this machine can
+run them."""
 
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ def token_file(folder: Path) -> Path:
 class SandboxServer:
     """A sandbox-server subprocess in its own process group, with its own workspace root."""
 
-    def __init__(self, tmp: Path, max_concurrent: int = 2):
+    def __init__(self, tmp: Path, max_concurrent: int = 2, *overrides: str):
         self.root = Path(tempfile.mkdtemp(prefix="swe-routing-test-", dir="/var/tmp"))
         self.root.chmod(0o711)  # the sandbox user must reach its workspaces
         cmd = [sys.executable, "-m", "swe_megatron.cli", "sandbox-server", "--port", "0",
                "--token-file", str(token_file(tmp)), "--max-concurrent", str(max_concurrent),
-               "--config", "embedded", f"sandbox.workspace_root={self.root}"]  # fmt: skip
+               "--config", "embedded", f"sandbox.workspace_root={self.root}", *overrides]  # fmt: skip
         self.log = tmp / f"server-{self.root.name}.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
@@ -59,6 +60,16 @@ class SandboxServer:
                 break
         assert "listening on" in line, f"server did not start: {line}{self.log.read_text()[-2000:]}"
         self.url = line.split()[3]
+
+    def client(self, **kw):
+        """A SandboxClient of this server."""
+        from swe_megatron.sandbox.client import SandboxClient
+
+        return SandboxClient(self.url, TOKEN, **kw)
+
+    def workspaces(self) -> list[Path]:
+        """The sandbox workspaces that exist now."""
+        return sorted(self.root.glob("sbx-*"))
 
     def kill(self) -> None:
         """SIGKILL the server process only (a crash: its sandboxes are left to their own fate)."""
