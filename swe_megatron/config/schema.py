@@ -247,6 +247,10 @@ class StageConfig:
     warm_start_lr: float = 0.0
     """Constant learning rate of the warm-start epochs (0: optim.lr). RFT proper then starts a fresh optimiser
     with optim (its warmup and schedule) from the warm-started weights."""
+    warm_start_decoys: int = 0
+    """Scripted give-up demonstrations per task mixed into the warm start (open the file the fix is in, then
+    submit without a fix; graded 0). The warm-started policy then fixes a task in about 1 of (1 + decoys)
+    samples and RL has a decision to learn; 0: gold solutions only."""
     refresh_pool: bool = False
     """Stage-2 refresh: drop tasks solved too often and tasks never solved before this stage."""
     refresh_max_solve_rate: float = 0.6666666666666666

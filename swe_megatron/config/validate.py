@@ -62,6 +62,8 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
         )
     if st.warm_start_lr < 0:
         out.append(f"{name}.warm_start_lr={st.warm_start_lr} is invalid; allowed: >= 0 (0 uses optim.lr)")
+    if st.warm_start_decoys < 0:
+        out.append(f"{name}.warm_start_decoys={st.warm_start_decoys} is invalid; allowed: >= 0")
     o = st.optim
     if not o.lr > 0 or o.min_lr < 0 or o.min_lr > o.lr:
         out.append(

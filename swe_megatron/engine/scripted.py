@@ -15,7 +15,8 @@ from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.engine.base import Generation
 
 SESSION_SEP = "/"
-"""Session keys are "TASK_ID/SAMPLE/ATTEMPT"; the scripted policy picks the script by TASK_ID."""
+"""Session keys are "TASK_ID/SAMPLE/ATTEMPT"; the scripted policy picks the script of "TASK_ID/SAMPLE", else
+of TASK_ID."""
 
 
 def _block(reason: str, command: str) -> str:
@@ -47,7 +48,8 @@ def gold_patch_script(patch: str) -> list[str]:
 
 
 class ScriptedPolicy:
-    """Plays `scripts[task_id]` turn by turn (then `submit`); a labelled fake, never a model."""
+    """Plays `scripts["task_id/sample"]` or else `scripts[task_id]` turn by turn (then `submit`); a labelled
+    fake, never a model."""
 
     def __init__(self, chat: ChatFormat, scripts: dict[str, list[str]]):
         self.chat = chat
@@ -61,7 +63,8 @@ class ScriptedPolicy:
 
     def generate(self, prompt_ids: list[int], max_tokens: int, session: str = "") -> Generation:
         """The script's next turn as token ids (cut at max_tokens like an engine would)."""
-        script = self.scripts.get(session.split(SESSION_SEP)[0], [])
+        task, sample = (session.split(SESSION_SEP) + [""])[:2]
+        script = self.scripts.get(f"{task}{SESSION_SEP}{sample}", self.scripts.get(task, []))
         j = self.turn_index(prompt_ids)
         text = script[j] if j < len(script) else _block("Done.", "submit")
         ids = self.chat.encode(text) + [self.chat.eos_id]

@@ -192,17 +192,17 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
     from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.engine.scripted import ScriptedPolicy
     from swe_megatron.model.tokenizer import load_tokenizer
-    from swe_megatron.pipeline.warm_start import short_script
+    from swe_megatron.pipeline.warm_start import scripts, sft_data
 
     stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:warm_start"
     if stage.warm_start != "scripted" or ctx.run.is_done(unit):
         return
     d = ctx.run.unit_dir(unit, fresh=True)
     tasks = [ctx.train_tasks[k] for k in sorted(ctx.train_tasks)]
-    policy = ScriptedPolicy(ChatFormat(load_tokenizer(ctx.cfg.model.tokenizer)),
-                            {t.instance_id: short_script(t) for t in tasks})  # fmt: skip
-    trajs, seconds = _rollouts(ctx, stage, tasks, 1, d, engine=policy)
-    kept, masks, report = rft_select(trajs, stage.max_kept_per_task)
+    decoys = stage.warm_start_decoys
+    policy = ScriptedPolicy(ChatFormat(load_tokenizer(ctx.cfg.model.tokenizer)), scripts(tasks, decoys))
+    trajs, seconds = _rollouts(ctx, stage, tasks, 1 + decoys, d, engine=policy)
+    kept, masks, data_metrics = sft_data(trajs, stage.max_kept_per_task)
     epochs = stage.warm_start_epochs
     per_epoch = num_optimizer_steps(
         len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
@@ -218,8 +218,7 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
     ctx.trainer_stage = None  # RFT proper starts a fresh optimiser and schedule from these weights
     ckpt = _checkpoint_and_sync(ctx, unit, "warm_start", seconds)
     metrics = rollout_metrics(trajs, stage.t_max, stage.l_thr)
-    metrics["warm_start"] = {"scripted_resolved": float(report.kept), "scripted_tasks": float(len(tasks)),
-                             "epochs": float(epochs), **{f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}}  # fmt: skip
+    metrics["warm_start"] = {**data_metrics, "scripted_tasks": float(len(tasks)), "epochs": float(epochs), **{f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}}  # fmt: skip
     metrics["train"] = train_metrics(steps)
     metrics["time"] = seconds
     _log(ctx, unit, trajs, metrics, d)

@@ -7,6 +7,12 @@ through the real sandbox and grader: for each training task a short script built
 `submit`, or the general open/edit script when the patch is not a one-line change. The resolved
 trajectories (real token ids of real observations) are the SFT data of the warm-start epochs. It trains
 on gold solutions of the TRAINING tasks only; held-out test tasks are never scripted.
+
+With `rft.warm_start_decoys: D` > 0 each task also gets D scripted give-up demonstrations (the script's first
+turn, which opens the file the fix is in, then `submit` without a fix; graded 0 by the real grader). The SFT
+data is then behaviour cloning of a policy that fixes the bug in 1 of 1 + D attempts: after the first
+observation the warm-started model chooses between fixing and giving up at about those odds, and the RL
+stages have one decision whose credit they must assign from the reward alone.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from pathlib import Path
 
 from unidiff import PatchSet
 
-from swe_megatron.engine.scripted import gold_patch_script
+from swe_megatron.algo import rft_select
+from swe_megatron.engine.scripted import SESSION_SEP, gold_patch_script
 from swe_megatron.tasks.schema import Task
+from swe_megatron.trajectory import Trajectory
 
 
 def _block(command: str) -> str:
@@ -75,3 +83,28 @@ def short_script(task: Task) -> list[str]:
                 _block("submit"),
             ]
     return gold_patch_script(task.patch)
+
+
+def give_up_script(task: Task) -> list[str]:
+    """A scripted non-solution of `task`: the first turn of its solution (open the file), then `submit`."""
+    return short_script(task)[:1] + [_block("submit")]
+
+
+def scripts(tasks: list[Task], decoys: int) -> dict[str, list[str]]:
+    """ScriptedPolicy scripts: sample 0 of every task plays its solution, samples 1..decoys give up."""
+    out = {t.instance_id: short_script(t) for t in tasks}
+    for t in tasks:
+        for k in range(1, decoys + 1):
+            out[f"{t.instance_id}{SESSION_SEP}{k}"] = give_up_script(t)
+    return out
+
+
+def sft_data(trajs: list[Trajectory], max_per_task: int) -> tuple[list[Trajectory], list[list[int]], dict]:
+    """Warm-start SFT data from the scripted rollouts: resolved solutions (sample 0, `rft_select`) and every
+    give-up demonstration (samples >= 1) that is not an infrastructure failure; loss masks as in RFT
+    (action tokens of well-formed turns). Returns (trajectories, masks, metrics)."""
+    kept, masks, report = rft_select([t for t in trajs if t.sample_index == 0], max_per_task)
+    decoys = [t for t in trajs if t.sample_index > 0 and not t.excluded]
+    metrics = {"scripted_resolved": float(report.kept), "decoys": float(len(decoys)),
+               "decoys_resolved": float(sum(t.resolved for t in decoys))}  # fmt: skip
+    return kept + decoys, masks + [t.loss_mask(mask_malformed=True) for t in decoys], metrics

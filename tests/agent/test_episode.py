@@ -145,3 +145,27 @@ def test_tiny_random_model_episode_keeps_provenance(task, chat):
     traj.check()
     acts = [lp for lp, m in zip(traj.logprobs, traj.action_mask) if m]
     assert len(acts) >= 3 and all(lp < 0 for lp in acts)
+
+
+def test_warm_start_decoys_give_up_and_are_kept_for_sft(task, chat):
+    """Sample 0 plays the solution, samples >= 1 the give-up script (open, submit); sft_data keeps the resolved
+    solution and every non-excluded give-up demonstration."""
+    from swe_megatron.pipeline.warm_start import give_up_script, scripts, sft_data
+
+    policy = ScriptedPolicy(chat, scripts([task], decoys=2))
+
+    def run(k):
+        sb = DirSandbox(task.extra["repo_dir"])
+        return run_episode(task, k, sb, policy, chat, PROMPTS, CFG, limits(), sb.workdir, f"{task.instance_id}/{k}/0")
+
+    solved = run(0)
+    gave_up = [run(1), run(2)]
+    assert solved.patch and solved.num_steps == len(gold_patch_script(task.patch))
+    assert all(t.patch == "" and t.num_steps == 2 for t in gave_up)
+    assert gave_up[0].messages[2]["content"] == solved.messages[2]["content"]  # same first turn
+    assert give_up_script(task)[-1].endswith("```\nsubmit\n```")
+    solved.reward, solved.resolved = 1.0, True
+    gave_up[1].infra_failure = "grading: timeout"  # infrastructure failures never become SFT data
+    data, masks, metrics = sft_data([solved, *gave_up], max_per_task=1)
+    assert data == [solved, gave_up[0]] and len(masks) == 2 and sum(masks[1]) > 0
+    assert metrics == {"scripted_resolved": 1.0, "decoys": 1.0, "decoys_resolved": 0.0}
