@@ -156,7 +156,9 @@ def test_warm_start_decoys_give_up_and_are_kept_for_sft(task, chat):
 
     def run(k):
         sb = DirSandbox(task.extra["repo_dir"])
-        return run_episode(task, k, sb, policy, chat, PROMPTS, CFG, limits(), sb.workdir, f"{task.instance_id}/{k}/0")
+        return run_episode(
+            task, k, sb, policy, chat, PROMPTS, CFG, limits(), sb.workdir, f"{task.instance_id}/{k}/0"
+        )
 
     solved = run(0)
     gave_up = [run(1), run(2)]
