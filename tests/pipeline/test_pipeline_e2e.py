@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = [
-    "rft.warm_start_epochs=2", "rft.tasks_per_iteration=2", "rft.samples_per_task=1",
+    "rft.warm_start_epochs=2", "rft.warm_start_decoys=1", "rft.tasks_per_iteration=2", "rft.samples_per_task=1",
     "stage1.iterations=2", "stage1.tasks_per_iteration=2", "stage1.samples_per_task=2",
     "stage2.iterations=1", "stage2.tasks_per_iteration=2", "stage2.samples_per_task=2", "stage2.refresh_pool=false",
     "eval.runs=2", "eval.k=[1,2]", "eval.max_tasks=1", "sampling.max_tokens_per_turn=64",
@@ -82,7 +82,7 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     assert _alive(run_dir / "topology" / "pids.json") == [], "processes left behind"
 
     # Each unit's trajectories: exactly tasks x G lines (the killed attempt's lines were discarded).
-    for unit, n in (("stage1-0", 4), ("stage1-1", 4), ("stage2-0", 4), ("rft-0", 2), ("rft-warm_start", 2)):
+    for unit, n in (("stage1-0", 4), ("stage1-1", 4), ("stage2-0", 4), ("rft-0", 2), ("rft-warm_start", 4)):
         lines = (run_dir / "units" / unit / "trajectories.jsonl").read_text().splitlines()
         assert len(lines) == n, unit
     pool = json.loads((run_dir / "pool.json").read_text())
@@ -123,8 +123,10 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     # The engine serves the trainer's weights: logprobs agree after every weight sync (measured in DAPO updates).
     if trained:
         assert all(v < 1e-3 for _, v in scalars["train/logprob_mismatch_abs_mean"])
-    # The warm start's scripted solutions resolve the tasks (real sandbox + grader).
-    assert scalars["reward/resolved_rate"][0][1] == 1.0
+    # The warm start's scripted solutions resolve the tasks and its give-up decoys do not (real sandbox + grader).
+    assert scalars["reward/resolved_rate"][0][1] == 0.5
+    assert scalars["warm_start/scripted_resolved"][0][1] == 2.0 and scalars["warm_start/decoys"][0][1] == 2.0
+    assert scalars["warm_start/decoys_resolved"][0][1] == 0.0
 
     # A complete run reruns as a no-op; a resume-breaking config change is refused with a message.
     again = subprocess.run(
