@@ -62,7 +62,10 @@ def planned_units(cfg) -> list[str]:
 def run(cfg) -> int:
     """Run (or resume) the schedule of cfg on this trainer rank (every rank calls it); returns an exit status."""
     with spmd.start(cfg.parallel, cfg.seed) as world:
-        return _run(cfg, world)
+        status = _run(cfg, world)
+        # Every rank leaves with rank 0's status, and only once rank 0 has stopped its servers: a launcher that
+        # kills the remaining ranks when one exits (srun --kill-on-bad-exit, torchrun) does not cut rank 0 short.
+        return world.lead(lambda: status)
 
 
 def _open(cfg, run_dir: RunDir) -> tuple[dict, list, dict]:
