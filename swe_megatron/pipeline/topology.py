@@ -95,7 +95,7 @@ class NullTopology:
 
 
 class Topology:
-    """The engines, sandbox servers and trainer world of one run (a context manager; see the module docstring)."""
+    """The engines and sandbox servers of one run (a context manager; see the module docstring)."""
 
     def __init__(self, cfg, work_dir: Path, config_file: Path):
         self.cfg = cfg
