@@ -144,7 +144,9 @@ class ParallelConfig:
     micro_batch_tokens: int = 4096
     """Token budget of one packed micro-batch per data-parallel rank."""
     world_size: int = 1
-    """Trainer ranks in all (TP x PP x CP x DP)."""
+    """Trainer ranks in all (TP x PP x CP x DP); more than 1 is started by torchrun or srun (WORLD_SIZE)."""
+    driver_timeout_s: float = 86400.0
+    """Seconds ranks other than 0 wait for rank 0's next batch or decision (it runs the rollouts meanwhile)."""
 
 
 @dataclass

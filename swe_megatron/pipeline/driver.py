@@ -2,7 +2,9 @@
 
 `run(cfg)` resumes whatever the run directory already committed. Units, in order: init (starting weights),
 rft:warm_start (only with rft.warm_start: scripted; NOT the paper's), rft:0.., stage1:0.., stage2:0..,
-eval. World size 1: rank 0 (this process) drives rollouts, grading and batching and trains.
+eval. Every trainer rank runs it (pipeline/spmd.py): alone (world size 1) this process drives rollouts,
+grading and batching and trains; started by torchrun/srun with parallel.world_size ranks, rank 0 drives and
+owns the servers and the run directory, and every rank trains on the batch rank 0 broadcasts.
 
 Graceful stop: after each committed unit, if RUN_DIR/STOP exists, `run` stops and returns EXIT_RESUMABLE (75),
 leaving the file for the launcher (which removes it when it starts the next attempt; see launch/steps.py).
@@ -10,13 +12,21 @@ leaving the file for the launcher (which removes it when it starts the next atte
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from swe_megatron.errors import UsageError
+from swe_megatron.monitor import NullMonitor
+from swe_megatron.pipeline import spmd
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
-from swe_megatron.pipeline.stages import Context, dapo_iteration, initial_policy, rft_iteration, warm_start
-from swe_megatron.pipeline.topology import Topology
+from swe_megatron.pipeline.stages import (
+    Context,
+    dapo_iteration,
+    final_eval,
+    initial_policy,
+    rft_iteration,
+    warm_start,
+)
+from swe_megatron.pipeline.tasks import ensure_tasks
+from swe_megatron.pipeline.topology import NullTopology, Topology
 
 EXIT_RESUMABLE = 75
 """Exit status of a run stopped on request (RUN_DIR/STOP) before the end of its schedule."""
@@ -28,10 +38,10 @@ class StopRequested(Exception):
     """RUN_DIR/STOP was found after a committed unit."""
 
 
-def _check_stop(run_dir: RunDir) -> None:
-    """Raise StopRequested if a stop was asked for (called only between units, i.e. at a committed state)."""
-    if (run_dir.root / STOP_FILE).exists():
-        done = run_dir.state["done"]
+def _check_stop(ctx: Context) -> None:
+    """Raise StopRequested on every rank if rank 0 sees a stop request (only between units: a committed state)."""
+    if ctx.world.lead((ctx.run.root / STOP_FILE).exists):
+        done = ctx.run.state["done"]
         raise StopRequested(done[-1] if done else "nothing")
 
 
@@ -49,116 +59,82 @@ def planned_units(cfg) -> list[str]:
     return units
 
 
-def spread_over_repos(tasks: list) -> list:
-    """Tasks in round-robin order over their repositories (each repository's own order kept), so that the first
-    N span as many libraries as possible."""
-    by_repo: dict[str, list] = {}
-    for t in tasks:
-        by_repo.setdefault(t.repo, []).append(t)
-    queues = [by_repo[r] for r in sorted(by_repo)]
-    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
-
-
-def ensure_tasks(cfg) -> tuple[dict, list]:
-    """Training tasks (dict by id; at most tasks.max_train_tasks, spread over the repositories) and held-out tasks; built with the factory if missing."""
-    from swe_megatron.rollout.setup import load_tasks
-
-    train_file = Path(cfg.tasks.train_file)
-    if not train_file.exists():
-        if train_file.name != "train.jsonl":
-            raise UsageError(f"tasks.train_file={train_file} does not exist; build tasks with make-tasks")
-        from swe_megatron.tasks.factory.build import FactoryConfig, make_tasks
-
-        print(
-            f"run: {train_file} is missing; building tasks offline into {train_file.parent} (cached)",
-            flush=True,
-        )
-        make_tasks(FactoryConfig(out=str(train_file.parent), max_tasks=cfg.tasks.factory_max_tasks),
-                   log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
-    try:
-        train = load_tasks(train_file)
-        test_file = Path(cfg.eval.tasks or cfg.tasks.test_file)
-        test = load_tasks(test_file) if test_file.exists() else []
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read tasks: {e}") from None
-    train = sorted(train, key=lambda t: t.instance_id)
-    if cfg.tasks.max_train_tasks:
-        train = spread_over_repos(train)[: cfg.tasks.max_train_tasks]
-    if not train:
-        raise UsageError(f"{train_file} holds no tasks")
-    return {t.instance_id: t for t in train}, test
-
-
-def final_eval(ctx: Context, test_tasks: list) -> None:
-    """Unit "eval": the final policy on the held-out tasks (Table 1 form), predictions for the harness."""
-    from swe_megatron.pipeline.eval import evaluate
-
-    if ctx.run.is_done("eval") or not test_tasks:
-        return
-    ev = ctx.cfg.eval
-    tasks = test_tasks[: ev.max_tasks] if ev.max_tasks else test_tasks
-    name = f"{ctx.cfg.model.name} ({ctx.cfg.name}, after {ctx.run.state['done'][-1]})"
-    report, text = evaluate(ctx, tasks, ev.runs, ctx.run.eval_dir, name)
-    ctx.monitor.scalars("eval", {k: v for k, v in report.items() if k.startswith("pass@") and k != "pass@1_per_run"},
-                        ctx.run.step)  # fmt: skip
-    ctx.monitor.text("eval/table", text, ctx.run.step)
-    ctx.monitor.flush()
-    ctx.run.commit("eval", train_step=False)
-
-
 def run(cfg) -> int:
-    """Run (or resume) the schedule of cfg; returns an exit status."""
+    """Run (or resume) the schedule of cfg on this trainer rank (every rank calls it); returns an exit status."""
+    with spmd.start(cfg.parallel, cfg.seed) as world:
+        status = _run(cfg, world)
+        # Every rank leaves with rank 0's status, and only once rank 0 has stopped its servers: a launcher that
+        # kills the remaining ranks when one exits (srun --kill-on-bad-exit, torchrun) does not cut rank 0 short.
+        return world.lead(lambda: status)
+
+
+def _open(cfg, run_dir: RunDir) -> tuple[dict, list, dict]:
+    """Rank 0: bind the config to the run directory; training and held-out tasks; the committed state."""
+    run_dir.bind_config(cfg)
+    return (*ensure_tasks(cfg), run_dir.state)
+
+
+def _resume(cfg, run_dir: RunDir) -> list[Path]:
+    """Rank 0: the live pool as last committed; the tokenizer files that go into every HF export."""
     from swe_megatron.model.tokenizer import save_tokenizer
 
-    run_dir = RunDir(cfg.run_dir)
-    run_dir.bind_config(cfg)
-    train, test = ensure_tasks(cfg)
-    if all(run_dir.is_done(u) for u in planned_units(cfg)):
-        print(f"run: {run_dir.root} is complete; nothing to do")
-        return _summary(run_dir)
     run_dir.restore_pool()
-    monitor = open_monitor(run_dir, cfg)
     tok = save_tokenizer(cfg.model.tokenizer, run_dir.root / "tokenizer")
-    with Topology(cfg, run_dir.root / "topology", run_dir.config_path) as topo:
-        topo.start_trainer_world()
-        ctx = Context(cfg, run_dir, topo, monitor, train, sorted(p for p in tok.iterdir() if p.is_file()))
+    return sorted(p for p in tok.iterdir() if p.is_file())
+
+
+def _start_servers(cfg, topo: Topology, model_dir: str) -> None:
+    """Rank 0: the sandbox server(s) and the engines, serving model_dir at the schedule's longest context."""
+    topo.start_sandbox_server()
+    contexts = [getattr(cfg, s).context_length for s in cfg.schedule if s != "eval"] + [
+        cfg.eval.context_length
+    ]
+    topo.start_engines(model_dir, max(contexts))
+
+
+def _run(cfg, world: spmd.World) -> int:
+    run_dir = RunDir(cfg.run_dir)
+    train, test, run_dir.state = world.lead(_open, cfg, run_dir, share=lambda r: ({}, [], r[2]))
+    if all(run_dir.is_done(u) for u in planned_units(cfg)):
+        return world.lead(_summary, run_dir, True)
+    tokenizer_files = world.lead(_resume, cfg, run_dir)
+    monitor = world.on_driver(open_monitor, run_dir, cfg, default=NullMonitor())
+    topology = world.on_driver(
+        Topology, cfg, run_dir.root / "topology", run_dir.config_path, default=NullTopology()
+    )
+    with topology as topo:
+        ctx = Context(cfg, run_dir, topo, monitor, train, tokenizer_files, world=world)
         try:
             initial_policy(ctx)
-            _check_stop(run_dir)
-            topo.start_sandbox_server()
-            contexts = [getattr(cfg, s).context_length for s in cfg.schedule if s != "eval"] + [
-                cfg.eval.context_length
-            ]
-            topo.start_engines(ctx.hf_dir, max(contexts))
+            _check_stop(ctx)
+            world.lead(_start_servers, cfg, topo, ctx.hf_dir)
             for name in cfg.schedule:
                 if name == "rft":
                     warm_start(ctx)
-                    _check_stop(run_dir)
+                    _check_stop(ctx)
                     for it in range(cfg.rft.iterations):
                         rft_iteration(ctx, it)
-                        _check_stop(run_dir)
+                        _check_stop(ctx)
                 elif name in ("stage1", "stage2"):
                     for it in range(getattr(cfg, name).iterations):
                         dapo_iteration(ctx, name, it)
-                        _check_stop(run_dir)
+                        _check_stop(ctx)
                 else:
                     final_eval(ctx, test)
         except StopRequested as stop:
-            if all(run_dir.is_done(u) for u in planned_units(cfg)):
-                pass  # the last unit committed: the run is complete, nothing to resume
-            else:
+            if not all(run_dir.is_done(u) for u in planned_units(cfg)):  # else the last unit ended the run
                 monitor.close()
-                print(
-                    f"run: {run_dir.root / STOP_FILE} exists: stopped after {stop}; rerun to resume "
-                    f"(remove the file first when not launched by swe-megatron launch / slurm)",
-                    flush=True,
-                )
+                world.on_driver(print, f"run: {run_dir.root / STOP_FILE} exists: stopped after {stop}; rerun to "
+                                "resume (remove the file first when not launched by swe-megatron launch / slurm)",
+                                default=None)  # fmt: skip
                 return EXIT_RESUMABLE
     monitor.close()
-    return _summary(run_dir)
+    return world.lead(_summary, run_dir)
 
 
-def _summary(run_dir: RunDir) -> int:
+def _summary(run_dir: RunDir, nothing_to_do: bool = False) -> int:
+    if nothing_to_do:
+        print(f"run: {run_dir.root} is complete; nothing to do")
     print(f"\nrun: done -> {run_dir.root}")
     print(f"  TensorBoard logs: {run_dir.tensorboard}   (tensorboard --logdir {run_dir.tensorboard})")
     table = run_dir.eval_dir / "table.md"

@@ -3,6 +3,10 @@
 Every unit follows design.md's iteration: sample tasks -> rollouts (tasks x G, graded in the sandbox) ->
 batch -> trainer update -> export + weight sync -> pool record -> monitor -> checkpoint -> commit. A unit
 already committed in the run directory is skipped; an uncommitted one starts from scratch (run_dir.py).
+
+Every trainer rank runs every unit (pipeline/spmd.py): rank 0 alone rolls out and builds the `Batch`
+(`ctx.world.lead`), every rank trains on it, exports and saves, then rank 0 records, logs and commits
+(`_commit`), and every rank leaves the unit with the committed state.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -27,6 +33,7 @@ from swe_megatron.algo import (
 )
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
+from swe_megatron.pipeline.spmd import World
 from swe_megatron.pipeline.topology import Topology
 from swe_megatron.rollout.rollouts import run_rollouts
 from swe_megatron.rollout.setup import make_setup
@@ -36,7 +43,10 @@ from swe_megatron.trajectory import Trajectory
 
 @dataclass
 class Context:
-    """What every unit needs: config, run directory, topology, monitor, tasks, and the live trainer."""
+    """What every unit needs: config, run directory, topology, monitor, tasks, the live trainer, the ranks.
+
+    On ranks other than 0, topo and monitor are stand-ins, train_tasks is empty and `run.state` is rank 0's.
+    """
 
     cfg: object
     run: RunDir
@@ -47,6 +57,7 @@ class Context:
     trainer: object = None
     trainer_stage: str | None = None
     pool: TaskPool | None = field(default=None)
+    world: World = field(default_factory=World)
 
     @property
     def hf_dir(self) -> str:
@@ -88,17 +99,30 @@ def initial_policy(ctx: Context) -> None:
     """Unit "init": the starting weights (cfg.model.hf_path, or a seeded random init) as checkpoint 0."""
     if ctx.run.is_done("init"):
         return
-    ckpt = ctx.run.checkpoint_dir("init")
+    ckpt = ctx.world.lead(ctx.run.checkpoint_dir, "init")
     trainer = _new_trainer(ctx, "init", 1, ctx.cfg.model.hf_path)
     trainer.export(str(ckpt / "hf"), extra_files=ctx.tokenizer_files)
-    ctx.run.commit("init", {"unit": "init", "path": "checkpoints/init", "stage": None}, train_step=False)
+    _commit(ctx, "init", {"unit": "init", "path": "checkpoints/init", "stage": None}, train_step=False)
+
+
+def _commit(ctx: Context, unit: str, ckpt: dict | None, finish=None, train_step: bool = True) -> None:
+    """Rank 0 runs finish() (pool record, metrics, logs) and commits; every rank leaves with the committed state
+    (so all ranks agree on which units are done; the broadcast is also the barrier after the unit)."""
+
+    def commit() -> dict:
+        if finish is not None:
+            finish()
+        ctx.run.commit(unit, ckpt, train_step=train_step)
+        return ctx.run.state
+
+    ctx.run.state = ctx.world.lead(commit)
 
 
 def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict) -> dict:
     """Export into the unit's checkpoint, reload the engines from it, save the trainer state."""
     from swe_megatron.train.weight_sync import sync_through_files
 
-    ckpt = ctx.run.checkpoint_dir(unit)
+    ckpt = ctx.world.lead(ctx.run.checkpoint_dir, unit)  # rank 0 wipes a leftover before anyone writes
     t = time.perf_counter()
     report = sync_through_files(ctx.trainer, str(ckpt / "hf"), ctx.topo.engine, ctx.tokenizer_files)
     timings["weight_sync_s"] = time.perf_counter() - t
@@ -186,43 +210,91 @@ def _pool(ctx: Context, stage_name: str) -> TaskPool:
     return ctx.pool
 
 
+@dataclass
+class Batch:
+    """A unit's training data, built by rank 0: every rank gets samples and num_steps (`shared`), rank 0 alone
+    keeps what it logs."""
+
+    samples: list
+    """TrainSamples (every rank)."""
+    num_steps: int
+    """Optimiser steps per pass over the samples (every rank)."""
+    trajs: list[Trajectory] = field(default_factory=list)
+    """The unit's trajectories (rank 0)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Timings (rank 0)."""
+    info: Any = None
+    """The RftReport, DapoBatch or warm-start data metrics behind the samples (rank 0)."""
+
+    def shared(self) -> Batch:
+        """What the other ranks need: the samples and the number of optimiser steps."""
+        return Batch(self.samples, self.num_steps)
+
+
+def _rft_batch(stage, trajs: list[Trajectory], seconds: dict) -> Batch:
+    """Resolved trajectories (malformed turns masked) as SFT samples."""
+    kept, masks, report = rft_select(trajs, stage.max_kept_per_task)
+    n = num_optimizer_steps(len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps)
+    return Batch(to_samples(kept, masks, [0.0] * len(kept)), n, trajs, seconds, report)
+
+
 # --- units -----------------------------------------------------------------------------------------------
-def warm_start(ctx: Context, stage_name: str = "rft") -> None:
-    """Unit "rft:warm_start" (labelled, not the paper's): SFT on scripted gold solutions of the training tasks."""
+def _scripted_rollouts(ctx: Context, stage, unit: str) -> Batch:
     from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.engine.scripted import ScriptedPolicy
     from swe_megatron.model.tokenizer import load_tokenizer
     from swe_megatron.pipeline.warm_start import scripts, sft_data
 
-    stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:warm_start"
-    if stage.warm_start != "scripted" or ctx.run.is_done(unit):
-        return
     d = ctx.run.unit_dir(unit, fresh=True)
     tasks = [ctx.train_tasks[k] for k in sorted(ctx.train_tasks)]
     decoys = stage.warm_start_decoys
     policy = ScriptedPolicy(ChatFormat(load_tokenizer(ctx.cfg.model.tokenizer)), scripts(tasks, decoys))
     trajs, seconds = _rollouts(ctx, stage, tasks, 1 + decoys, d, engine=policy)
-    kept, masks, data_metrics = sft_data(trajs, stage.max_kept_per_task)
-    epochs = stage.warm_start_epochs
-    per_epoch = num_optimizer_steps(
-        len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
+    kept, masks, info = sft_data(trajs, stage.max_kept_per_task)
+    n = num_optimizer_steps(len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps)
+    return Batch(
+        to_samples(kept, masks, [0.0] * len(kept)),
+        n,
+        trajs,
+        seconds,
+        info | {"scripted_tasks": float(len(tasks))},
     )
-    trainer = trainer_for(ctx, stage_name, max(per_epoch * epochs, 1))
+
+
+def warm_start(ctx: Context, stage_name: str = "rft") -> None:
+    """Unit "rft:warm_start" (labelled, not the paper's): SFT on scripted gold solutions of the training tasks
+    (and on scripted give-ups with rft.warm_start_decoys)."""
+    stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:warm_start"
+    if stage.warm_start != "scripted" or ctx.run.is_done(unit):
+        return
+    b = ctx.world.lead(_scripted_rollouts, ctx, stage, unit, share=Batch.shared)
+    epochs = stage.warm_start_epochs
+    trainer = trainer_for(ctx, stage_name, max(b.num_steps * epochs, 1))
     if stage.warm_start_lr > 0:
         trainer.optim_cfg = OmegaConf.merge(
             stage.optim, {"lr": stage.warm_start_lr, "warmup_steps": 0, "schedule": "constant"}
         )
     t = time.perf_counter()
-    steps = _sft_steps(ctx, stage, to_samples(kept, masks, [0.0] * len(kept)), epochs, ctx.cfg.seed)
-    seconds["train_s"] = time.perf_counter() - t
+    steps = _sft_steps(ctx, stage, b.samples, epochs, ctx.cfg.seed)
+    b.seconds["train_s"] = time.perf_counter() - t
     ctx.trainer_stage = None  # RFT proper starts a fresh optimiser and schedule from these weights
-    ckpt = _checkpoint_and_sync(ctx, unit, "warm_start", seconds)
-    metrics = rollout_metrics(trajs, stage.t_max, stage.l_thr)
-    metrics["warm_start"] = {**data_metrics, "scripted_tasks": float(len(tasks)), "epochs": float(epochs), **{f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}}  # fmt: skip
-    metrics["train"] = train_metrics(steps)
-    metrics["time"] = seconds
-    _log(ctx, unit, trajs, metrics, d)
-    ctx.run.commit(unit, ckpt)
+    ckpt = _checkpoint_and_sync(ctx, unit, "warm_start", b.seconds)
+
+    def finish() -> None:
+        metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
+        metrics["warm_start"] = {**b.info, "epochs": float(epochs), **{f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}}  # fmt: skip
+        metrics["train"] = train_metrics(steps)
+        metrics["time"] = b.seconds
+        _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
+
+    _commit(ctx, unit, ckpt, finish)
+
+
+def _sampled_rollouts(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
+    stage = getattr(ctx.cfg, stage_name)
+    d = ctx.run.unit_dir(unit, fresh=True)
+    tasks = [ctx.train_tasks[k] for k in _pool(ctx, stage_name).sample(stage.tasks_per_iteration, it)]
+    return _rft_batch(stage, *_rollouts(ctx, stage, tasks, stage.samples_per_task, d))
 
 
 def rft_iteration(ctx: Context, it: int, stage_name: str = "rft") -> None:
@@ -231,41 +303,29 @@ def rft_iteration(ctx: Context, it: int, stage_name: str = "rft") -> None:
     if ctx.run.is_done(unit):
         return
     t0 = time.perf_counter()
-    d = ctx.run.unit_dir(unit, fresh=True)
-    pool = _pool(ctx, stage_name)
-    tasks = [ctx.train_tasks[k] for k in pool.sample(stage.tasks_per_iteration, it)]
-    trajs, seconds = _rollouts(ctx, stage, tasks, stage.samples_per_task, d)
-    kept, masks, report = rft_select(trajs, stage.max_kept_per_task)
-    per_it = num_optimizer_steps(
-        len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
-    )
-    trainer = trainer_for(ctx, stage_name, per_it * stage.iterations)
+    b = ctx.world.lead(_sampled_rollouts, ctx, stage_name, it, unit, share=Batch.shared)
+    trainer = trainer_for(ctx, stage_name, b.num_steps * stage.iterations)
     trainer.total_steps = max(
-        trainer.total_steps, trainer.steps_done + per_it * stage.epochs * (stage.iterations - it)
+        trainer.total_steps, trainer.steps_done + b.num_steps * stage.epochs * (stage.iterations - it)
     )
     t = time.perf_counter()
-    steps = _sft_steps(
-        ctx, stage, to_samples(kept, masks, [0.0] * len(kept)), stage.epochs, ctx.cfg.seed + it
-    )
-    seconds["train_s"] = time.perf_counter() - t
-    ckpt = _checkpoint_and_sync(ctx, unit, stage_name, seconds)
-    pool.record(it, outcomes(trajs))
-    metrics = rollout_metrics(trajs, stage.t_max, stage.l_thr)
-    metrics["rft"] = report.as_metrics("")
-    metrics["train"] = train_metrics(steps)
-    metrics["time"] = seconds | {"iteration_s": time.perf_counter() - t0}
-    _log(ctx, unit, trajs, metrics, d)
-    ctx.run.commit(unit, ckpt)
+    steps = _sft_steps(ctx, stage, b.samples, stage.epochs, ctx.cfg.seed + it)
+    b.seconds["train_s"] = time.perf_counter() - t
+    ckpt = _checkpoint_and_sync(ctx, unit, stage_name, b.seconds)
+
+    def finish() -> None:
+        ctx.pool.record(it, outcomes(b.trajs))
+        metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
+        metrics["rft"] = b.info.as_metrics("")
+        metrics["train"] = train_metrics(steps)
+        metrics["time"] = b.seconds | {"iteration_s": time.perf_counter() - t0}
+        _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
+
+    _commit(ctx, unit, ckpt, finish)
 
 
-def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
-    """One DAPO iteration (stage1/stage2): rollouts, length penalty, group advantages, dynamic sampling, update."""
-    from swe_megatron.train.step import LossSpec
-
-    cfg, stage, unit = ctx.cfg, getattr(ctx.cfg, stage_name), f"{stage_name}:{it}"
-    if ctx.run.is_done(unit):
-        return
-    t0 = time.perf_counter()
+def _dapo_rollouts(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
+    cfg, stage = ctx.cfg, getattr(ctx.cfg, stage_name)
     d = ctx.run.unit_dir(unit, fresh=True)
     pool = _pool(ctx, stage_name)
     n = tasks_to_sample(stage.tasks_per_iteration, cfg.algo.oversample_factor, len(pool.active))
@@ -273,31 +333,65 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
     trajs, seconds = _rollouts(ctx, stage, tasks, stage.samples_per_task, d)
     max_groups = stage.tasks_per_iteration if cfg.algo.oversample_factor > 1 else None
     batch = build_dapo_batch(trajs, DapoOptions.from_config(cfg.algo, stage), max_groups)
-    adv = batch.advantages.tolist()
     samples = to_samples(
-        batch.trajectories, [t.loss_mask(mask_malformed=False) for t in batch.trajectories], adv
-    )
+        batch.trajectories, [t.loss_mask(mask_malformed=False) for t in batch.trajectories],
+        batch.advantages.tolist(),
+    )  # fmt: skip
     n_steps = num_optimizer_steps(
         len(samples), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
     )
+    return Batch(samples, n_steps, trajs, seconds, batch)
+
+
+def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
+    """One DAPO iteration (stage1/stage2): rollouts, length penalty, group advantages, dynamic sampling, update."""
+    from swe_megatron.train.step import LossSpec
+
+    stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:{it}"
+    if ctx.run.is_done(unit):
+        return
+    t0 = time.perf_counter()
+    b = ctx.world.lead(_dapo_rollouts, ctx, stage_name, it, unit, share=Batch.shared)
     trainer = trainer_for(ctx, stage_name, stage.iterations * max(stage.max_optimizer_steps, 1))
     t = time.perf_counter()
-    steps = (
-        trainer.update(samples, n_steps, LossSpec("dapo", stage.eps_low, stage.eps_high)) if samples else []
-    )
-    seconds["train_s"] = time.perf_counter() - t
-    ckpt = _checkpoint_and_sync(ctx, unit, stage_name, seconds)
-    pool.record(it, outcomes(trajs))
-    ds = batch.dynamic_sampling
-    metrics = rollout_metrics(trajs, stage.t_max, stage.l_thr)
-    metrics["reward"]["final_mean"] = batch.metrics.get("reward/final_mean", 0.0)
-    metrics["advantage"] = {"mean": sum(adv) / len(adv), "abs_mean": sum(map(abs, adv)) / len(adv),
-                            "min": min(adv), "max": max(adv)} if adv else {}  # fmt: skip
-    metrics["dynamic_sampling"] = {"dropped_groups": float(ds.dropped_all_equal_groups + ds.dropped_surplus_groups),
-                                   "dropped_trajectories": float(ds.dropped_all_equal + ds.dropped_zero_advantage + ds.dropped_surplus),
-                                   "kept": float(ds.kept), "excluded": float(batch.excluded)}  # fmt: skip
-    metrics["train"] = train_metrics(steps)
-    metrics["time"] = seconds | {"iteration_s": time.perf_counter() - t0}
-    metrics["pool"] = {"active": float(len(pool.active))}
-    _log(ctx, unit, trajs, metrics, d)
-    ctx.run.commit(unit, ckpt)
+    loss = LossSpec("dapo", stage.eps_low, stage.eps_high)
+    steps = trainer.update(b.samples, b.num_steps, loss) if b.samples else []
+    b.seconds["train_s"] = time.perf_counter() - t
+    ckpt = _checkpoint_and_sync(ctx, unit, stage_name, b.seconds)
+
+    def finish() -> None:
+        ctx.pool.record(it, outcomes(b.trajs))
+        ds, adv = b.info.dynamic_sampling, b.info.advantages.tolist()
+        metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
+        metrics["reward"]["final_mean"] = b.info.metrics.get("reward/final_mean", 0.0)
+        metrics["advantage"] = {"mean": sum(adv) / len(adv), "abs_mean": sum(map(abs, adv)) / len(adv),
+                                "min": min(adv), "max": max(adv)} if adv else {}  # fmt: skip
+        metrics["dynamic_sampling"] = {"dropped_groups": float(ds.dropped_all_equal_groups + ds.dropped_surplus_groups),
+                                       "dropped_trajectories": float(ds.dropped_all_equal + ds.dropped_zero_advantage + ds.dropped_surplus),
+                                       "kept": float(ds.kept), "excluded": float(b.info.excluded)}  # fmt: skip
+        metrics["train"] = train_metrics(steps)
+        metrics["time"] = b.seconds | {"iteration_s": time.perf_counter() - t0}
+        metrics["pool"] = {"active": float(len(ctx.pool.active))}
+        _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
+
+    _commit(ctx, unit, ckpt, finish)
+
+
+def final_eval(ctx: Context, test_tasks: list) -> None:
+    """Unit "eval": the final policy on the held-out tasks (Table 1 form), predictions for the harness. Rank 0
+    alone rolls out (the engines already serve the final weights); test_tasks matter on rank 0 only."""
+    if not ctx.run.is_done("eval") and ctx.world.lead(bool, test_tasks):
+        _commit(ctx, "eval", None, partial(_evaluate, ctx, test_tasks), train_step=False)
+
+
+def _evaluate(ctx: Context, test_tasks: list) -> None:
+    from swe_megatron.pipeline.eval import evaluate
+
+    ev = ctx.cfg.eval
+    tasks = test_tasks[: ev.max_tasks] if ev.max_tasks else test_tasks
+    name = f"{ctx.cfg.model.name} ({ctx.cfg.name}, after {ctx.run.state['done'][-1]})"
+    report, text = evaluate(ctx, tasks, ev.runs, ctx.run.eval_dir, name)
+    ctx.monitor.scalars("eval", {k: v for k, v in report.items() if k.startswith("pass@") and k != "pass@1_per_run"},
+                        ctx.run.step)  # fmt: skip
+    ctx.monitor.text("eval/table", text, ctx.run.step)
+    ctx.monitor.flush()

@@ -1,4 +1,4 @@
-"""The topology of a run: vLLM server(s), sandbox server(s), the trainer's process group.
+"""The topology of a run: vLLM server(s) and sandbox server(s), owned by trainer rank 0.
 
 Locally, `Topology` starts a sandbox server and the vLLM server(s) itself and owns them: it stops all of them on
 exit, on Ctrl-C and on SIGTERM (the signal handlers stop the servers first, so in-flight episodes fail fast
@@ -14,8 +14,8 @@ when connected and after every update (train/weight_sync.py). A rendezvous witho
 = 0) leaves the engines to this process, as locally. Episodes are spread over the servers and dead servers are
 taken out of rotation by rollout/routing.py.
 
-Trainer: world size 1 here, rank 0 in the driver process (gloo on CPU). Multi-rank runs start the other
-ranks with torchrun/srun; they build the same Trainer and follow rank 0's calls (see README).
+Only trainer rank 0 has a Topology; the other ranks get `NullTopology` (no servers, no engine) and wait for
+rank 0's batches (pipeline/spmd.py). The trainer's process groups are not part of it (spmd.start).
 """
 
 from __future__ import annotations
@@ -81,8 +81,21 @@ def _port_or_free(port: int) -> int:
             return _free_port()
 
 
+class NullTopology:
+    """The topology as ranks other than 0 see it: no servers and no engine (rank 0 owns them; see spmd.py)."""
+
+    engine = None
+    sandboxes = None
+
+    def __enter__(self) -> NullTopology:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 class Topology:
-    """The engines, sandbox servers and trainer world of one run (a context manager; see the module docstring)."""
+    """The engines and sandbox servers of one run (a context manager; see the module docstring)."""
 
     def __init__(self, cfg, work_dir: Path, config_file: Path):
         self.cfg = cfg
@@ -115,9 +128,6 @@ class Topology:
         self.stop_all()
         for sig, h in self._old_handlers.items():
             signal.signal(sig, h)
-        from swe_megatron.train import parallel
-
-        parallel.destroy()
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_all()
@@ -147,22 +157,6 @@ class Topology:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         self._record()
-
-    # trainer ----------------------------------------------------------------------------------------
-    def start_trainer_world(self) -> None:
-        """torch.distributed (world size 1, this process is rank 0) and Megatron-Core's groups."""
-        import torch
-
-        from swe_megatron.train import parallel
-
-        if self.cfg.parallel.world_size != 1:
-            raise EngineError(
-                f"parallel.world_size={self.cfg.parallel.world_size}: the local pipeline runs the trainer in the "
-                "driver process (world size 1); multi-rank training is launched through Slurm/torchrun"
-            )
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))))
-        parallel.init_distributed(0, 1, master_port=_free_port())
-        parallel.init_model_parallel(self.cfg.parallel, seed=self.cfg.seed)
 
     # engines ----------------------------------------------------------------------------------------
     def start_engines(self, model_dir: str, max_model_len: int) -> RoutedEngine:

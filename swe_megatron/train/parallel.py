@@ -14,14 +14,21 @@ from swe_megatron.train import cpu_compat
 
 
 def init_distributed(
-    rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500
+    rank: int,
+    world_size: int,
+    master_addr: str = "127.0.0.1",
+    master_port: int = 29500,
+    local_rank: int | None = None,
 ) -> None:
-    """Start torch.distributed (gloo on CPU, NCCL on GPU) unless it already runs."""
+    """Start torch.distributed (gloo on CPU, NCCL on GPU) unless it already runs.
+
+    local_rank: this rank's index on its node (picks the GPU); None: rank modulo the node's GPU count.
+    """
     if dist.is_initialized():
         return
     on_gpu = torch.cuda.is_available()
     if on_gpu:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device((rank if local_rank is None else local_rank) % torch.cuda.device_count())
     else:
         cpu_compat.enable()
     dist.init_process_group(
