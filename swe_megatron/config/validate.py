@@ -137,10 +137,11 @@ def validate(cfg: Any) -> list[str]:
         )
     if p.sequence_parallel and p.tensor_parallel == 1:
         out.append("parallel.sequence_parallel=true needs tensor_parallel > 1; allowed: false with TP=1")
-    if m.num_key_value_heads % p.tensor_parallel and p.tensor_parallel % m.num_key_value_heads:
+    if m.num_key_value_heads % p.tensor_parallel:
+        # Megatron-Core gives each TP rank whole KV heads (query groups); the HF mapping does not replicate them.
         out.append(
             f"parallel.tensor_parallel={p.tensor_parallel} does not divide model.num_key_value_heads "
-            f"({m.num_key_value_heads}); allowed: a divisor or multiple of it"
+            f"({m.num_key_value_heads}); allowed: a divisor of it"
         )
     if p.micro_batch_tokens < 1:
         out.append(f"parallel.micro_batch_tokens={p.micro_batch_tokens} is invalid; allowed: an integer >= 1")

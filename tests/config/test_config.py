@@ -193,3 +193,15 @@ def test_console_script_installed():
         [sys.executable, "-m", "swe_megatron.cli", "show-config", "embedded"], capture_output=True, text=True
     )
     assert exe.returncode == 0 and "name: embedded" in exe.stdout
+
+
+def test_tensor_parallel_must_divide_the_kv_heads():
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            "embedded", ["parallel.world_size=2", "parallel.tensor_parallel=2"]
+        )  # tiny model: 1 KV head
+    assert "model.num_key_value_heads (1)" in str(info.value) and "a divisor of it" in str(info.value)
+    cfg = load_config(
+        "embedded", ["parallel.world_size=2", "parallel.tensor_parallel=2", "model.num_key_value_heads=2"]
+    )
+    assert cfg.parallel.tensor_parallel == 2
