@@ -102,13 +102,16 @@ def _state(run_dir: Path) -> dict:
 
 
 def test_stage2_sbatch_runs_its_iterations(tmp_path, tasks, short_dir):
+    """With two trainer ranks (data parallel 2, one srun step): rank 0 drives, both train (pipeline/spmd.py)."""
     run_dir = short_dir / "run"
     job = _sbatch(
-        "stage2.sbatch", tmp_path, "embedded", f"run_dir={run_dir}", "stage2.iterations=2", *tasks, *TINY
-    )
+        "stage2.sbatch", tmp_path, "embedded", f"run_dir={run_dir}", "stage2.iterations=2", "parallel.world_size=2",
+        *tasks, *TINY,
+    )  # fmt: skip
     state, code = _wait_final(job)
     log = next(tmp_path.glob("slurm-*.out")).read_text(errors="replace")
     assert (state, code) == ("COMPLETED", "0:0"), log[-3000:]
+    assert "(2 rank(s))" in log and log.count("run: done") == 1, log[-3000:]  # only rank 0 reports
     assert [u for u in _state(run_dir)["done"] if u.startswith("stage2")] == ["stage2:0", "stage2:1"]
     for it in (0, 1):
         lines = (run_dir / "units" / f"stage2-{it}" / "trajectories.jsonl").read_text().splitlines()
