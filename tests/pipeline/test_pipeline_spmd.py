@@ -22,10 +22,10 @@ from tiny_tasks import make_task_files
 pytestmark = [pytest.mark.dist, pytest.mark.e2e, pytest.mark.sandbox]
 
 UNITS = ["init", "rft:warm_start", "rft:0"]
-# A short schedule: 2 scripted solutions x 2 warm-start epochs at batch size 1 = 4 optimiser steps, then one
-# sampled episode. Two KV heads: tensor_parallel=2 splits them (one KV head is not replicated over TP).
+# A short schedule: 2 scripted solutions (no give-up decoys) x 2 warm-start epochs at batch size 1 = 4 optimiser
+# steps, then one sampled episode. Two KV heads: tensor_parallel=2 splits them (TP must divide the KV heads).
 SHORT = ["schedule=[rft]", "rft.iterations=1", "rft.tasks_per_iteration=1", "rft.batch_size=1", "rft.t_max=3",
-         "rft.l_thr=2", "model.num_key_value_heads=2"]  # fmt: skip
+         "rft.l_thr=2", "rft.warm_start_decoys=0", "model.num_key_value_heads=2"]  # fmt: skip
 TWO_RANKS = ["parallel.world_size=2", "parallel.tensor_parallel=2"]
 
 
