@@ -45,19 +45,28 @@ def _start_time(pid: int) -> str | None:
 
 
 def reap_stale(pid_file: Path) -> int:
-    """Kill the process groups a previous driver recorded in pid_file if they still run; returns how many."""
+    """Kill the process groups a previous driver recorded in pid_file if any of their processes still run;
+    returns how many groups were signalled.
+
+    A group outlives its leader: a vLLM server killed by its parent-death signal leaves its engine core
+    running in the server's group. Linux does not reuse a number while a process group still holds it, so a
+    group found under a dead leader's pid is that leader's; only a live leader with another start time means
+    the number now names an unrelated process.
+    """
     try:
         entries = json.loads(pid_file.read_text())
     except (OSError, json.JSONDecodeError):
         return 0
     killed = 0
     for e in entries:
-        if _start_time(e["pid"]) == e["start"]:
-            try:
-                os.killpg(e["pid"], signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
+        started = _start_time(e["pid"])
+        if started is not None and started != e["start"]:
+            continue
+        try:
+            os.killpg(e["pid"], signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
     pid_file.unlink(missing_ok=True)
     return killed
 

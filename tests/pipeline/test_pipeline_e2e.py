@@ -47,6 +47,18 @@ def _alive(pid_file: Path) -> list[int]:
     return [e["pid"] for e in json.loads(pid_file.read_text()) if Path(f"/proc/{e['pid']}").exists()]
 
 
+def _in_groups(pgids: list[int]) -> list[int]:
+    """Live processes whose process group is one of pgids."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and int((p / "stat").read_text().rsplit(")", 1)[1].split()[2]) in pgids:
+                out.append(int(p.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
 def test_run_kill_resume_and_tensorboard(tmp_path):
     tasks = tmp_path / "tasks"
     make_task_files(tasks, n_train=2, n_test=1)
@@ -68,6 +80,9 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     log.close()
     state = json.loads((run_dir / "state.json").read_text())
     assert state["done"] == UNITS[:3], "stage1:0 must not be committed by a killed driver"
+    # The killed driver's servers: their leaders die with it (parent-death signal), but a vLLM server's
+    # engine core lives on in the server's process group until the next start reaps the group.
+    killed_groups = [e["pid"] for e in json.loads((run_dir / "topology" / "pids.json").read_text())]
 
     second = subprocess.run(
         _cmd(run_dir, tasks), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900
@@ -80,6 +95,7 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     assert state["step"] == 5  # warm start, rft:0, stage1:0, stage1:1, stage2:0
     time.sleep(1)
     assert _alive(run_dir / "topology" / "pids.json") == [], "processes left behind"
+    assert _in_groups(killed_groups) == [], "the killed driver's server groups were not reaped"
 
     # Each unit's trajectories: exactly tasks x G lines (the killed attempt's lines were discarded).
     for unit, n in (("stage1-0", 4), ("stage1-1", 4), ("stage2-0", 4), ("rft-0", 2), ("rft-warm_start", 4)):
