@@ -231,11 +231,17 @@ class Batch:
         return Batch(self.samples, self.num_steps)
 
 
+def _sft_batch(stage, kept: list[Trajectory], masks: list[list[int]], trajs: list[Trajectory], seconds: dict,
+               info) -> Batch:  # fmt: skip
+    """`kept` (with their loss masks) as SFT samples, split into the stage's optimiser steps."""
+    n = num_optimizer_steps(len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps)
+    return Batch(to_samples(kept, masks, [0.0] * len(kept)), n, trajs, seconds, info)
+
+
 def _rft_batch(stage, trajs: list[Trajectory], seconds: dict) -> Batch:
     """Resolved trajectories (malformed turns masked) as SFT samples."""
     kept, masks, report = rft_select(trajs, stage.max_kept_per_task)
-    n = num_optimizer_steps(len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps)
-    return Batch(to_samples(kept, masks, [0.0] * len(kept)), n, trajs, seconds, report)
+    return _sft_batch(stage, kept, masks, trajs, seconds, report)
 
 
 # --- units -----------------------------------------------------------------------------------------------
@@ -251,14 +257,7 @@ def _scripted_rollouts(ctx: Context, stage, unit: str) -> Batch:
     policy = ScriptedPolicy(ChatFormat(load_tokenizer(ctx.cfg.model.tokenizer)), scripts(tasks, decoys))
     trajs, seconds = _rollouts(ctx, stage, tasks, 1 + decoys, d, engine=policy)
     kept, masks, info = sft_data(trajs, stage.max_kept_per_task)
-    n = num_optimizer_steps(len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps)
-    return Batch(
-        to_samples(kept, masks, [0.0] * len(kept)),
-        n,
-        trajs,
-        seconds,
-        info | {"scripted_tasks": float(len(tasks))},
-    )
+    return _sft_batch(stage, kept, masks, trajs, seconds, info | {"scripted_tasks": float(len(tasks))})
 
 
 def warm_start(ctx: Context, stage_name: str = "rft") -> None:
