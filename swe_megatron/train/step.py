@@ -75,6 +75,22 @@ def _finalize_grads(model, num_tokens, **kwargs):
     return finalize_model_grads(model, None, **kwargs)
 
 
+def _in_process_write_results() -> None:
+    """Let dist_checkpointing's writer collect its results in a thread queue, not a multiprocessing Manager.
+
+    megatron-core 0.19.2's FileSystemWriterAsync (used by synchronous saves too) puts its write results in
+    `get_write_results_queue()`: a `Manager().Queue()`, i.e. a spawned server process kept for the life of
+    this one, which does not notice its parent's death (it outlived a SIGKILLed driver). Our saves are
+    synchronous: the writer threads and the reader are in this process, so a `queue.Queue` serves.
+    """
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 class Trainer:
     """A Megatron-Core policy with its optimiser and LR schedule, for this rank's part of the layout.
 
@@ -328,6 +344,7 @@ class Trainer:
         from megatron.core import dist_checkpointing
 
         os.makedirs(path, exist_ok=True)
+        _in_process_write_results()
         has_optimizer = self.steps_done > 0
         state = self._sharded_state() if has_optimizer else {"model": self.model.module.sharded_state_dict()}
         dist_checkpointing.save(state, path)

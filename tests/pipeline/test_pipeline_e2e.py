@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive, cmdline, descendants
 from tiny_tasks import make_task_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
@@ -68,13 +69,16 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     # Fault injection: SIGKILL the driver once stage 1's first iteration has started writing trajectories.
     marker = run_dir / "units" / "stage1-0" / "trajectories.jsonl"
     deadline = time.monotonic() + 600
+    children: set[int] = set()  # every process the driver started (e.g. a checkpoint writer's helper)
     while (
         not (marker.exists() and marker.stat().st_size)
         and proc.poll() is None
         and time.monotonic() < deadline
     ):
+        children |= descendants(proc.pid)
         time.sleep(0.2)
     assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+    children |= descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     log.close()
@@ -96,6 +100,8 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     time.sleep(1)
     assert _alive(run_dir / "topology" / "pids.json") == [], "processes left behind"
     assert _in_groups(killed_groups) == [], "the killed driver's server groups were not reaped"
+    left = [cmdline(p)[:120] for p in sorted(children) if alive(p)]
+    assert left == [], f"processes the killed driver started still run: {left}"
 
     # Each unit's trajectories: exactly tasks x G lines (the killed attempt's lines were discarded).
     for unit, n in (("stage1-0", 4), ("stage1-1", 4), ("stage2-0", 4), ("rft-0", 2), ("rft-warm_start", 4)):
