@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -78,6 +79,25 @@ def post_json(url: str, body: dict, timeout_s: float) -> dict | None:
     return json.loads(raw) if raw.strip() else None
 
 
+def reset_prefix_cache(url: str, timeout_s: float, attempts: int = 5, delay_s: float = 0.5) -> None:
+    """Drop a server's cached KV blocks (computed by the old weights), retrying with doubling waits.
+
+    vLLM answers `{"success": false}` with HTTP 200 while blocks are still held (running requests, async KV
+    transfers); the cache then keeps the old weights' blocks, so a refusal that persists is an EngineError.
+    """
+    for k in range(attempts):
+        answer = post_json(f"{url}/reset_prefix_cache", {}, timeout_s)
+        if isinstance(answer, dict) and answer.get("success") is True:
+            return
+        if k + 1 < attempts:
+            time.sleep(delay_s * 2**k)
+    raise EngineError(
+        f"{url}: prefix cache not reset after a weight update ({attempts} tries, last answer {answer!r}); "
+        "its cached KV blocks still hold the old weights' keys/values. Let running requests finish before "
+        'the update, or restart the server (a vLLM that answers no {"success": ...} is too old).'
+    )
+
+
 class VllmEngine:
     """Many vLLM servers behind one Engine: least-loaded assignment on a session's first turn, then sticky."""
 
@@ -129,8 +149,8 @@ class VllmEngine:
         """Every server reloads weights from a checkpoint folder in place, then drops its prefix cache.
 
         Uses the dev-mode routes (servers started with VLLM_SERVER_DEV_MODE=1): `/collective_rpc` calling the
-        workers' `reload_weights(weights_path=...)`, then `/reset_prefix_cache`, since cached KV blocks were
-        computed by the old weights.
+        workers' `reload_weights(weights_path=...)`, then `/reset_prefix_cache` (checked, see
+        `reset_prefix_cache`), since cached KV blocks were computed by the old weights.
         """
         for url in self.urls:
             post_json(
@@ -138,4 +158,4 @@ class VllmEngine:
                 {"method": "reload_weights", "kwargs": {"weights_path": path}},
                 self.timeout_s,
             )
-            post_json(f"{url}/reset_prefix_cache", {}, self.timeout_s)
+            reset_prefix_cache(url, self.timeout_s)

@@ -222,8 +222,10 @@ class BroadcastWeightSync:
                     nbytes += tensor.numel() * tensor.element_size()
                 for f in futures:
                     f.result()
+            from swe_megatron.engine.vllm import reset_prefix_cache
+
             for url in self.urls:
-                _post(f"{url}/reset_prefix_cache", {}, self.timeout_s)
+                reset_prefix_cache(url, self.timeout_s)
         elif self.streams:
             for _, tensor in self._local_tensors():
                 if self.is_stage_sender:

@@ -69,19 +69,20 @@ def test_parse_completion():
 class Stub:
     """An HTTP server that records requests and answers like vLLM's /v1/completions."""
 
-    def __init__(self):
+    def __init__(self, resets=None):
         self.requests = []
+        self.resets = list(resets or [])  # /reset_prefix_cache answers in turn ({"success": ...}), then true
         stub = self
 
         class H(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 stub.requests.append((self.path, body))
-                data = (
-                    json.dumps(response([7, 151645], [-0.5, -0.1])).encode()
-                    if self.path == "/v1/completions"
-                    else b""
-                )
+                data = b""
+                if self.path == "/v1/completions":
+                    data = json.dumps(response([7, 151645], [-0.5, -0.1])).encode()
+                elif self.path == "/reset_prefix_cache":  # vLLM >= 0.1x answers {"success": bool}
+                    data = json.dumps({"success": stub.resets.pop(0) if stub.resets else True}).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -117,6 +118,17 @@ def test_sticky_least_loaded_routing_and_reload_routes():
     with pytest.raises(EngineError, match="is the vLLM server running"):
         VllmEngine([a.url], "policy", SamplingConfig(), [1], timeout_s=2).generate([1], 4)
     b.httpd.shutdown()
+
+
+def test_reload_retries_a_refused_prefix_cache_reset_and_fails_clearly_when_it_stays_stale():
+    # vLLM answers {"success": false} (HTTP 200) while KV blocks are held; the old weights' cache then stays.
+    flaky, stale = Stub(resets=[False, False]), Stub(resets=[False] * 100)
+    VllmEngine([flaky.url], "policy", SamplingConfig(), [1], timeout_s=5).reload_weights("/ckpt/1")
+    assert [p for p, _ in flaky.requests] == ["/collective_rpc"] + ["/reset_prefix_cache"] * 3
+    with pytest.raises(EngineError, match="prefix cache.*not reset"):
+        VllmEngine([stale.url], "policy", SamplingConfig(), [1], timeout_s=5).reload_weights("/ckpt/1")
+    for s in (flaky, stale):
+        s.httpd.shutdown()
 
 
 def test_server_ignores_generation_config_and_keeps_caches_local(tmp_path):

@@ -64,7 +64,13 @@ class VllmStub:
                         }
                     ]
                 }
-                self._answer(json.dumps(body).encode() if self.path == "/v1/completions" else b"")
+                if self.path == "/reset_prefix_cache":
+                    body = {"success": True}  # what vLLM answers once the cache is empty
+                self._answer(
+                    json.dumps(body).encode()
+                    if self.path in ("/v1/completions", "/reset_prefix_cache")
+                    else b""
+                )
 
             def log_message(self, *a):
                 pass
