@@ -198,7 +198,17 @@ class Trainer:
         multiple = (2 * self.cp_size if self.cp_size > 1 else 1) * (
             par.tensor_parallel if par.sequence_parallel else 1
         )
-        mbs = pack([samples[i] for i in chosen], par.micro_batch_tokens, chosen, multiple)
+        if chosen:
+            mbs = pack([samples[i] for i in chosen], par.micro_batch_tokens, chosen, multiple)
+        else:
+            # No sample for this rank in this step: it still runs forward/backward (and so joins the
+            # gradient reduction and the pipeline's messages) on padding that holds no action token, which
+            # adds nothing to the loss or the gradients (the loss is normalised by the global token count).
+            empty = TrainSample(
+                torch.zeros(multiple, dtype=torch.long), torch.zeros(multiple, dtype=torch.bool)
+            )
+            mbs = pack([empty], par.micro_batch_tokens, None, multiple)
+            mbs[0].sample_ids = []
         if self.cp_size > 1:
             mbs = [split_for_context_parallel(mb, self.cp_rank, self.cp_size) for mb in mbs]
         return [mb.to(self.device) for mb in mbs]

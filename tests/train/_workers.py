@@ -84,8 +84,13 @@ def _entry(rank: int, world: int, port: int, out: str, fn, args) -> None:
         parallel.destroy()
 
 
-def run_ranks(fn, world: int, tmp: Path, *args) -> list:
-    """Run fn(rank, *args) on `world` gloo ranks in fresh processes; returns each rank's result."""
+def run_ranks(fn, world: int, tmp: Path, *args, timeout_s: float = 900.0) -> list:
+    """Run fn(rank, *args) on `world` gloo ranks in fresh processes; returns each rank's result.
+
+    Ranks still running after timeout_s (e.g. stuck in mismatched collectives) are killed: an AssertionError.
+    """
+    import time
+
     tmp.mkdir(parents=True, exist_ok=True)
     ctx = mp.start_processes(
         _entry,
@@ -94,9 +99,15 @@ def run_ranks(fn, world: int, tmp: Path, *args) -> list:
         join=False,
         start_method="spawn",
     )
+    deadline = time.monotonic() + timeout_s
     try:
-        while not ctx.join():
-            pass
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise AssertionError(f"ranks still running after {timeout_s:.0f} s (a hang?)")
+    except AssertionError:
+        raise
     except Exception as exc:
         errs = "\n".join(p.read_text() for p in sorted(tmp.glob("rank*.err")))
         raise AssertionError(f"a rank failed:\n{errs or exc}") from exc

@@ -137,3 +137,16 @@ def test_checkpoint_saved_at_tp2_resumes_at_tp1_like_an_uninterrupted_run(two_ra
     got_state = capture(resumed)
     assert_same_run({"metrics": got, **got_state}, {"metrics": want, **want_state}, "resume at TP1 from TP2")
     assert [m["lr"] for m in got] == [m["lr"] for m in want]
+
+
+@pytest.mark.dist
+def test_a_data_parallel_rank_without_samples_still_joins_the_step(tmp_path, megatron_world):
+    """3 samples in 2 optimiser steps over DP=2: the second step has one sample, so one rank gets none. That
+    rank must still run forward/backward (a zero-weight micro-batch) and join the gradient reduction; the
+    update equals one rank training on the same samples."""
+    samples = batch(3, seed=5)
+    par = ParallelConfig(micro_batch_tokens=64)
+    ref = train_and_capture(0, CFG, par, HF.state_dict(), samples, 2)
+    results = run_ranks(train_and_capture, 2, tmp_path, CFG, par, HF.state_dict(), samples, 2, timeout_s=240)
+    for rank in (0, 1):
+        assert_same_run(results[rank], ref, f"dp2 with an empty rank, rank {rank}")
