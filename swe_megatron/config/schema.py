@@ -76,11 +76,20 @@ class RopeScalingConfig:
     """RoPE scaling, as in a Hugging Face config's `rope_scaling` (YaRN for 131k context)."""
 
     type: str | None = None
-    """Scaling type: null (none) or "yarn"."""
+    """Scaling type: null (none) or "yarn" (the two the trainer implements)."""
     factor: float = 1.0
     """Context extension factor (the paper: 4.0 for 131k with YaRN)."""
     original_max_position_embeddings: int = 32768
     """Context length the base model was trained for."""
+
+
+def max_positions(model) -> int:
+    """Positions a ModelConfig serves: factor x original_max_position_embeddings with YaRN (the
+    `max_position_embeddings` of its HF config: vLLM does not scale it for YaRN), else max_position_embeddings."""
+    rs = model.rope_scaling
+    if rs.type == "yarn":
+        return int(rs.factor * rs.original_max_position_embeddings)
+    return model.max_position_embeddings
 
 
 @dataclass

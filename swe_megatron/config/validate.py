@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from swe_megatron.config.schema import SCHEDULE_NAMES, STAGE_NAMES, SandboxBackend, StageKind
+from swe_megatron.config.schema import SCHEDULE_NAMES, STAGE_NAMES, SandboxBackend, StageKind, max_positions
 
 # Sampling settings that must be "off" in RL: any truncation biases the importance ratio
 # (paper-spec.md: a silent top-k/min-p change degraded training after 5-10 iterations).
@@ -18,7 +18,8 @@ UNTRUNCATED = {
     "frequency_penalty": 0.0,
 }
 
-ROPE_SCALING_TYPES = (None, "yarn", "linear", "dynamic")
+ROPE_SCALING_TYPES = (None, "yarn")
+"""What train/model.py implements (Megatron-Core's "rope" and "yarn" position embeddings)."""
 
 
 def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
@@ -50,11 +51,12 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
             f"{name}.min_optimizer_steps={st.min_optimizer_steps} / max_optimizer_steps={st.max_optimizer_steps} "
             "are invalid; allowed: 1 <= min_optimizer_steps <= max_optimizer_steps, or max 0 for no cap (the paper: 2, 8)"
         )
-    limit = model.max_position_embeddings * (model.rope_scaling.factor if model.rope_scaling.type else 1.0)
+    limit = max_positions(model)
     if not 0 < st.context_length <= limit:
         out.append(
-            f"{name}.context_length={st.context_length} is invalid; allowed: 1..{int(limit)} for model {model.name} "
-            "(max_position_embeddings x rope_scaling.factor; set model.rope_scaling for longer context)"
+            f"{name}.context_length={st.context_length} is invalid; allowed: 1..{limit} for model {model.name} "
+            "(max_position_embeddings, or rope_scaling.factor x original_max_position_embeddings with yarn; "
+            "set model.rope_scaling for longer context)"
         )
     if not 0 < st.refresh_max_solve_rate <= 1:
         out.append(
@@ -96,9 +98,22 @@ def validate(cfg: Any) -> list[str]:
             f"model: hidden_size ({m.hidden_size}) must be divisible by num_attention_heads ({m.num_attention_heads}), "
             f"and that by num_key_value_heads ({m.num_key_value_heads})"
         )
-    if m.rope_scaling.type not in ROPE_SCALING_TYPES:
+    rs = m.rope_scaling
+    if rs.type not in ROPE_SCALING_TYPES:
         out.append(
-            f"model.rope_scaling.type={m.rope_scaling.type!r} is invalid; allowed: null, yarn, linear, dynamic"
+            f"model.rope_scaling.type={rs.type!r} is not implemented by the trainer; allowed: null, yarn "
+            "(the engines would apply a scaling the trainer does not)"
+        )
+    elif rs.type is None and rs.factor != 1.0:
+        out.append(
+            f"model.rope_scaling.factor={rs.factor} has no effect without a scaling type; allowed: 1.0, "
+            "or set model.rope_scaling.type=yarn"
+        )
+    elif rs.type == "yarn" and not (rs.factor > 1.0 and rs.original_max_position_embeddings >= 1):
+        out.append(
+            f"model.rope_scaling.factor={rs.factor} / original_max_position_embeddings="
+            f"{rs.original_max_position_embeddings} are invalid for yarn; allowed: factor > 1 (the paper: 4.0), "
+            "original_max_position_embeddings >= 1"
         )
     if m.params_dtype not in ("float32", "bfloat16", "float16"):
         out.append(f"model.params_dtype={m.params_dtype!r} is invalid; allowed: float32, bfloat16, float16")

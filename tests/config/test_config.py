@@ -117,6 +117,11 @@ def test_overrides_and_interpolation():
         ("parallel.tensor_parallel=4", ["parallel.world_size", "multiple"]),
         ("stage1.min_optimizer_steps=9", ["min_optimizer_steps", "max_optimizer_steps"]),
         ("stage1", ["key=value"]),
+        # The trainer implements plain RoPE and YaRN only: any other type would train without it.
+        ("model.rope_scaling.type=linear", ["model.rope_scaling.type", "'linear'", "null, yarn"]),
+        ("model.rope_scaling.type=dynamic", ["model.rope_scaling.type", "'dynamic'", "null, yarn"]),
+        ("model.rope_scaling.factor=4.0", ["model.rope_scaling.factor", "type=yarn"]),
+        ("model.rope_scaling={type: yarn, factor: 0.5}", ["model.rope_scaling.factor", "> 1"]),
     ],
 )
 def test_bad_values_fail_with_one_message(override, needles):
