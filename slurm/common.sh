@@ -93,14 +93,12 @@ swe_megatron_job() {
   _sm_log "job $SLURM_JOB_ID: ${stage:-schedule of $config} on $N_NODES node(s); trainer $TRAINER_NODES ($TRAINER_TASKS rank(s)), engines ${ENGINE_NODES:-started by the run}; run dir $RUN_DIR"
 
   local logs=$JOB_DIR/logs
-  srun --overlap --nodes="$N_NODES" --ntasks="$N_NODES" --ntasks-per-node=1 --nodelist="$ALL_NODES" \
-    --kill-on-bad-exit=0 --output="$logs/sandbox-step-%t.out" \
+  # Each step's placement (nodes, tasks, --cpus-per-task, GPUs, --overlap) comes from the layout: *_SRUN
+  srun "${SANDBOX_SRUN[@]}" --kill-on-bad-exit=0 --output="$logs/sandbox-step-%t.out" \
     "${SM[@]}" job-step --job-dir "$JOB_DIR" sandbox-server "$config" "${overrides[@]}" &
   SERVER_PIDS+=" $!"
   if ((N_ENGINES > 0)); then
-    srun --overlap --nodes="$N_ENGINE_NODES" --ntasks="$N_ENGINES" --ntasks-per-node="$ENGINES_PER_NODE" \
-      --nodelist="$ENGINE_NODES" --gpus-per-task="$GPUS_PER_ENGINE" --kill-on-bad-exit=0 \
-      --output="$logs/engine-step-%t.out" \
+    srun "${ENGINE_SRUN[@]}" --kill-on-bad-exit=0 --output="$logs/engine-step-%t.out" \
       "${SM[@]}" job-step --job-dir "$JOB_DIR" --stage "$stage" engine "$config" "${overrides[@]}" &
     SERVER_PIDS+=" $!"
   fi
@@ -108,10 +106,7 @@ swe_megatron_job() {
   "${SM[@]}" job-step wait --job-dir "$JOB_DIR" --engines "$N_ENGINES" --sandboxes "$N_NODES" \
     --timeout "$STARTUP_TIMEOUT_S" --watch $SERVER_PIDS || _sm_die "servers did not come up (see $logs)"
 
-  local gpus=()
-  ((GPUS_PER_NODE > 0)) && gpus=(--gpus-per-node="$GPUS_PER_NODE")
-  srun --overlap --nodes="$N_TRAINER_NODES" --ntasks="$TRAINER_TASKS" --ntasks-per-node="$TRAINER_TASKS_PER_NODE" \
-    --nodelist="$TRAINER_NODES" "${gpus[@]}" --kill-on-bad-exit=1 \
+  srun "${TRAINER_SRUN[@]}" --kill-on-bad-exit=1 \
     "${SM[@]}" job-step --run-dir "$RUN_DIR" --grace "$((SIGNAL_DELAY_S > 60 ? SIGNAL_DELAY_S - 60 : 0))" \
     trainer "$config" "${overrides[@]}" "cluster.rendezvous=$JOB_DIR/rendezvous.json" &
   TRAINER_PID=$!

@@ -1,12 +1,24 @@
 """Which node of a Slurm allocation runs what: trainer ranks, vLLM servers, one sandbox server per node.
 
-    layout = job_layout(cfg, hostnames)      # LaunchError when the allocation does not fit the config
-    print(layout.shell())                    # KEY='value' lines that slurm/common.sh evals
+    layout = job_layout(cfg, hostnames, job_id, cpus_per_node)  # LaunchError when the allocation does not fit
+    layout.srun_options("engine")            # placement options of one step: nodes, tasks, CPUs, GPUs
+    print(layout.shell())                    # KEY='value' lines (and ROLE_SRUN=(...) arrays) common.sh evals
 
 The first cluster.trainer_nodes nodes run the trainer (parallel.world_size ranks, rank 0 drives the
 iteration), the next cluster.engine_nodes run engine.num_servers vLLM servers of
 engine.tensor_parallel_size GPUs each. cluster.engine_nodes=0 means the run starts its own engines next
 to the trainer (the single-node CPU case). Every node runs one sandbox server.
+
+Every step names its own resources (srun does not inherit the batch's --cpus-per-task since Slurm 22.05,
+and a step without a GRES request gets all of the job's GPUs on its nodes): the trainer ranks of a node
+share its CPUs (--cpus-per-task = CPUs // ranks per node) and take one GPU each, all of them visible to
+every rank of the node (--gres=gpu:RANKS_PER_NODE: a rank picks LOCAL_RANK, NCCL keeps peer access; with
+--gpus-per-task each rank would see only its own GPU, and --gpu-bind=none leaves CUDA_VISIBLE_DEVICES unset
+in Slurm 22.05); a vLLM server takes its tensor-parallel GPUs (--gpus-per-task: CUDA_VISIBLE_DEVICES holds
+only its own) and its share of the node's CPUs; the sandbox server takes no GPU (--gres=none) and
+may use all the node's CPUs (its containers run the tests beside the trainer or the engines). All steps
+run at once on the same nodes, so each is --overlap (explicit --cpus-per-task implies --exact: a step's
+tasks get distinct CPUs among themselves) with --mem=0 (the job's memory, reserving none of it).
 """
 
 from __future__ import annotations
@@ -41,6 +53,8 @@ class JobLayout:
     """GPUs per vLLM server (engine.tensor_parallel_size)."""
     gpus_per_node: int
     """GPUs per node (cluster.gpus_per_node)."""
+    cpus_per_node: int
+    """CPUs per node of the allocation (the fewest over its nodes), shared by the steps on a node."""
     run_dir: str
     """Absolute run directory."""
     job_dir: str
@@ -48,8 +62,29 @@ class JobLayout:
     log_dir: str
     """Absolute Slurm/submitit log folder."""
 
+    def srun_options(self, role: str) -> list[str]:
+        """srun options placing the step of role (sandbox|engine|trainer); [] for an engine step with no engines."""
+        if role == "sandbox":
+            nodes, tasks, per_node, cpus = self.all_nodes, len(self.all_nodes), 1, self.cpus_per_node
+            gpus = ["--gres=none"]
+        elif role == "engine":
+            if not self.engines:
+                return []
+            nodes, tasks, per_node = self.engine_nodes, self.engines, self.engines_per_node
+            cpus, gpus = self.cpus_per_node // per_node, [f"--gpus-per-task={self.gpus_per_engine}"]
+        elif role == "trainer":
+            nodes, tasks, per_node = self.trainer_nodes, self.trainer_tasks, self.trainer_tasks_per_node
+            cpus, gpus = self.cpus_per_node // per_node, [f"--gres=gpu:{per_node}"]
+        else:
+            raise ValueError(f"unknown step role {role!r}; one of sandbox, engine, trainer")
+        return [
+            "--overlap", f"--nodes={len(nodes)}", f"--ntasks={tasks}", f"--ntasks-per-node={per_node}",
+            f"--nodelist={','.join(nodes)}", f"--cpus-per-task={cpus}",
+            *(gpus if self.gpus_per_node else ["--gres=none"]), "--mem=0",
+        ]  # fmt: skip
+
     def shell(self) -> str:
-        """Shell assignments for slurm/common.sh (values quoted; node lists comma-separated)."""
+        """Shell assignments for slurm/common.sh (values quoted; node lists comma-separated; ROLE_SRUN arrays)."""
         values = {
             "ALL_NODES": ",".join(self.all_nodes),
             "N_NODES": len(self.all_nodes),
@@ -67,11 +102,19 @@ class JobLayout:
             "JOB_DIR": self.job_dir,
             "LOG_DIR": self.log_dir,
         }
-        return "\n".join(f"{k}={shlex.quote(str(v))}" for k, v in values.items()) + "\n"
+        lines = [f"{k}={shlex.quote(str(v))}" for k, v in values.items()]
+        lines += [
+            f"{role.upper()}_SRUN=({' '.join(map(shlex.quote, self.srun_options(role)))})"
+            for role in ("sandbox", "engine", "trainer")
+        ]
+        return "\n".join(lines) + "\n"
 
 
-def job_layout(cfg, hostnames: list[str] | tuple[str, ...], job_id: str) -> JobLayout:
-    """The layout of cfg (a RunConfig) on an allocation; LaunchError naming the key or sbatch option to fix."""
+def job_layout(
+    cfg, hostnames: list[str] | tuple[str, ...], job_id: str, cpus_per_node: int | None = None
+) -> JobLayout:
+    """The layout of cfg (a RunConfig) on an allocation with cpus_per_node CPUs on each node (None:
+    cluster.cpus_per_node); LaunchError naming the key or sbatch option to fix."""
     cl, par, eng = cfg.cluster, cfg.parallel, cfg.engine
     need = cl.trainer_nodes + cl.engine_nodes
     if cl.trainer_nodes < 1:
@@ -106,6 +149,13 @@ def job_layout(cfg, hostnames: list[str] | tuple[str, ...], job_id: str) -> JobL
                 f"{per_engine_node * len(engine_nodes)}"
             )
         per_engine_node = math.ceil(engines / len(engine_nodes))
+    cpus = cl.cpus_per_node if cpus_per_node is None else cpus_per_node
+    for what, n in (("trainer ranks", per_node), ("vLLM servers", per_engine_node)):
+        if n > cpus:
+            raise LaunchError(
+                f"{n} {what} per node need at least one CPU each but the allocation has {cpus} CPU(s) per "
+                "node: submit with more CPUs per node (sbatch --exclusive or --cpus-per-task)"
+            )
     run_dir = Path(cfg.run_dir).resolve()
     return JobLayout(
         all_nodes=tuple(hostnames),
@@ -117,6 +167,7 @@ def job_layout(cfg, hostnames: list[str] | tuple[str, ...], job_id: str) -> JobL
         engines_per_node=per_engine_node,
         gpus_per_engine=eng.tensor_parallel_size,
         gpus_per_node=cl.gpus_per_node,
+        cpus_per_node=cpus,
         run_dir=str(run_dir),
         job_dir=str(run_dir / "jobs" / job_id),
         log_dir=str(Path(cl.log_dir).resolve() if cl.log_dir else run_dir / "slurm"),

@@ -46,7 +46,8 @@ def init(config: str, overrides: list[str], environ=None) -> str:
 
     env = SlurmEnv.from_environ(environ)
     cfg = load_config(config, overrides)
-    lay = job_layout(cfg, env.hostnames, env.job_id)
+    # the allocation's real CPUs per node (an --exclusive job gets all of them), else cluster.cpus_per_node
+    lay = job_layout(cfg, env.hostnames, env.job_id, min(env.job_cpus_per_node, default=None))
     rendezvous.init_job_dir(lay.job_dir)
     Path(lay.job_dir, "logs").mkdir(mode=0o700, exist_ok=True)
     Path(lay.log_dir).mkdir(parents=True, exist_ok=True)

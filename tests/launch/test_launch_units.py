@@ -29,9 +29,10 @@ def test_expand_nodelist(nodelist, hosts):
 
 
 def test_slurm_env_reads_the_job_and_step():
+    """A task on gpu03, the first node of a step on gpu[03-04]: SLURM_NODEID is step-relative (0)."""
     env = SlurmEnv.from_environ({
         "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_STEP_NODELIST": "gpu[03-04]",
-        "SLURM_NODEID": "2", "SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "0", "SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
         "SLURM_TASKS_PER_NODE": "8(x2)", "SLURM_RESTART_COUNT": "3",
     })  # fmt: skip
     assert env.hostnames == ("gpu01", "gpu02", "gpu03", "gpu04") and env.hostname == "gpu03"
