@@ -25,8 +25,9 @@ from swe_megatron.pipeline.stages import (
     rft_iteration,
     warm_start,
 )
-from swe_megatron.pipeline.tasks import ensure_tasks
+from swe_megatron.pipeline.tasks import ensure_tasks, log_task_filter
 from swe_megatron.pipeline.topology import NullTopology, Topology
+from swe_megatron.tasks.filters import FilterReport
 
 EXIT_RESUMABLE = 75
 """Exit status of a run stopped on request (RUN_DIR/STOP) before the end of its schedule."""
@@ -68,8 +69,9 @@ def run(cfg) -> int:
         return world.lead(lambda: status)
 
 
-def _open(cfg, run_dir: RunDir) -> tuple[dict, list, dict]:
-    """Rank 0: bind the config to the run directory; training and held-out tasks; the committed state."""
+def _open(cfg, run_dir: RunDir) -> tuple[dict, list, FilterReport, dict]:
+    """Rank 0: bind the config to the run directory; training and held-out tasks, the task filters' report;
+    the committed state."""
     run_dir.bind_config(cfg)
     return (*ensure_tasks(cfg), run_dir.state)
 
@@ -94,11 +96,14 @@ def _start_servers(cfg, topo: Topology, model_dir: str) -> None:
 
 def _run(cfg, world: spmd.World) -> int:
     run_dir = RunDir(cfg.run_dir)
-    train, test, run_dir.state = world.lead(_open, cfg, run_dir, share=lambda r: ({}, [], r[2]))
+    train, test, task_filter, run_dir.state = world.lead(
+        _open, cfg, run_dir, share=lambda r: ({}, [], None, r[3])
+    )
     if all(run_dir.is_done(u) for u in planned_units(cfg)):
         return world.lead(_summary, run_dir, True)
     tokenizer_files = world.lead(_resume, cfg, run_dir)
     monitor = world.on_driver(open_monitor, run_dir, cfg, default=NullMonitor())
+    world.on_driver(log_task_filter, monitor, task_filter, default=None)
     topology = world.on_driver(
         Topology, cfg, run_dir.root / "topology", run_dir.config_path, default=NullTopology()
     )

@@ -5,7 +5,12 @@
   min_llm_score                 SWE-rebench's LLM quality annotation is at least this (see llm_quality)
   drop_import_attribute_errors  the failing tests do not fail with ImportError/AttributeError
 
-Filters run in that order; a task is counted under the first filter that drops it.
+Filters run in that order; a task is counted under the first filter that drops it. A task that lacks the
+data a filter reads (no llm_score, no recorded failures) is kept, and counted under `unknown` for that
+filter, which the run prints and logs beside the drops: never dropped for a missing field, never kept
+silently. (The task factory's rows record every FAIL_TO_PASS failure in extra.f2p_errors, and the factory
+itself rejects import/attribute failures; they carry no llm_score, so min_llm_score counts them unknown.)
+`swe-megatron run` applies them to the training pool as it loads it (pipeline/tasks.py).
 """
 
 from __future__ import annotations
@@ -36,9 +41,19 @@ class FilterReport:
     """Filter name -> tasks it kept for lack of the data it reads (no llm_score, no failure record)."""
 
     def summary(self) -> str:
-        """One line: kept/total and the drops per filter."""
+        """One line: kept/total, the drops per filter, and the tasks kept for lack of a filter's data."""
         drops = ", ".join(f"{k}: -{v}" for k, v in self.dropped.items()) or "none dropped"
-        return f"kept {self.kept}/{self.total} ({drops})"
+        unknown = "".join(f"; {k}: kept {v} without the data it reads" for k, v in self.unknown.items())
+        return f"kept {self.kept}/{self.total} ({drops}){unknown}"
+
+    def scalars(self) -> dict[str, int]:
+        """The counts as flat scalars: total, kept, dropped_<filter>, unknown_<filter>."""
+        return {
+            "total": self.total,
+            "kept": self.kept,
+            **{f"dropped_{k}": v for k, v in self.dropped.items()},
+            **{f"unknown_{k}": v for k, v in self.unknown.items()},
+        }
 
 
 def patch_size(patch: str) -> tuple[int, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from swe_megatron.config.schema import TasksConfig
@@ -93,3 +95,17 @@ def test_first_filter_that_drops_is_the_one_counted():
     both = task(0, diff(9, 300), extra={"f2p_errors": {"t::a": "AttributeError"}})
     _, report = filter_tasks([both, task(1, "not a diff")], cfg)
     assert report.dropped == {"max_files_changed": 1, "unreadable_patch": 1}
+
+
+def test_factory_rejects_every_failure_the_import_attribute_filter_drops():
+    """The embedded default's tasks come from the factory: it records every FAIL_TO_PASS failure type
+    (extra.f2p_errors) and refuses the ones drop_import_attribute_errors drops, so its tasks pass that
+    filter with evidence (not as unknown); a factory-shaped row passes the default filters."""
+    from swe_megatron.tasks.factory.build import BAD_FAILURES
+    from swe_megatron.tasks.filters import IMPORT_ATTRIBUTE
+
+    names = re.findall(r"\w+Error", IMPORT_ATTRIBUTE.pattern)
+    assert names and all(IMPORT_ATTRIBUTE.search(n) and n in BAD_FAILURES for n in names), names
+    row = task(0, diff(1, 1), extra={"f2p_errors": {"tests/test_a.py::test_x": "AssertionError"}})
+    kept, report = filter_tasks([row], TasksConfig())
+    assert len(kept) == 1 and report.unknown == {} and "none dropped" in report.summary()
