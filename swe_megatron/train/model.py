@@ -93,6 +93,16 @@ def use_transformer_engine(parallel: ParallelConfig) -> bool:
     return have
 
 
+def _have_fused_softmax() -> bool:
+    """Whether the CUDA softmax kernels of `megatron.core.fusions.fused_softmax` are importable."""
+    import importlib.util
+
+    return all(
+        importlib.util.find_spec(m) is not None
+        for m in ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda")
+    )
+
+
 def transformer_config(model: ModelConfig, parallel: ParallelConfig):
     """Megatron-Core TransformerConfig for `model` laid out as `parallel`."""
     from megatron.core.transformer import TransformerConfig
@@ -137,7 +147,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         # Same seed -> same full weights for every TP size, which makes layouts comparable.
         use_cpu_initialization=True,
         gradient_accumulation_fusion=False,
-        masked_softmax_fusion=on_gpu,
+        # Local-spec attention's fused softmax imports Megatron's legacy kernels, which neither the
+        # megatron-core wheel nor Transformer Engine ships: fuse only where they are installed.
+        masked_softmax_fusion=on_gpu and _have_fused_softmax(),
         bias_activation_fusion=False,
         bias_dropout_fusion=on_gpu,
         apply_rope_fusion=False,
