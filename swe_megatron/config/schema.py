@@ -349,7 +349,8 @@ class EngineConfig:
 
 @dataclass
 class SandboxConfig:
-    """Sandboxes where agent commands and grading run."""
+    """Sandboxes where agent commands and grading run. Every number is finite and > 0 (validate.py refuses
+    the rest: no setting turns a limit off), every path absolute."""
 
     backend: SandboxBackend = SandboxBackend.bwrap
     """bwrap (local/CI), apptainer (clusters) or local (development only)."""

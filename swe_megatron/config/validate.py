@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
-from swe_megatron.config.schema import SCHEDULE_NAMES, STAGE_NAMES, SandboxBackend, StageKind, max_positions
+from swe_megatron.config.schema import (
+    SCHEDULE_NAMES,
+    STAGE_NAMES,
+    SandboxBackend,
+    SandboxConfig,
+    StageKind,
+    max_positions,
+)
 
 # Sampling settings that must be "off" in RL: any truncation biases the importance ratio
 # (paper-spec.md: a silent top-k/min-p change degraded training after 5-10 iterations).
@@ -77,6 +86,24 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
         )
     if o.eps <= 0 or o.weight_decay < 0 or o.grad_clip < 0 or o.warmup_steps < 0:
         out.append(f"{name}.optim: eps must be > 0 and weight_decay, grad_clip, warmup_steps >= 0")
+    return out
+
+
+SANDBOX_PATHS = ("workspace_root", "sif_dir")
+"""Sandbox settings that are host paths: absolute (a relative one would depend on each process's cwd)."""
+
+
+def sandbox_problems(sb: Any) -> list[str]:
+    """Problems with a SandboxConfig (or its config node): every number (limits, timeouts, caps, counts) is
+    finite and > 0 (0 or less silently removed a limit or failed every grading), every path absolute."""
+    out = []
+    for f in dataclasses.fields(SandboxConfig):
+        value = sb[f.name] if not dataclasses.is_dataclass(sb) else getattr(sb, f.name)
+        if f.name in SANDBOX_PATHS:
+            if not str(value).startswith("/") and (value or f.name == "workspace_root"):
+                out.append(f"sandbox.{f.name}={value!r} is invalid; allowed: an absolute path")
+        elif isinstance(value, int | float) and not isinstance(value, bool) and not 0 < value < math.inf:
+            out.append(f"sandbox.{f.name}={value} is invalid; allowed: a finite number > 0")
     return out
 
 
@@ -165,6 +192,7 @@ def validate(cfg: Any) -> list[str]:
             "sandbox.backend=local runs agent code unsandboxed; allowed: bwrap or apptainer, "
             "or set sandbox.allow_local=true for development"
         )
+    out += sandbox_problems(cfg.sandbox)
     if cfg.engine.weight_sync not in ("file", "nccl"):
         out.append(f"engine.weight_sync={cfg.engine.weight_sync!r} is invalid; allowed: file, nccl")
     c = cfg.cluster

@@ -7,6 +7,7 @@ Grades SWE-bench predictions against local tasks in sandboxes and writes the rep
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -23,6 +24,10 @@ def _grade(args: argparse.Namespace) -> int:
     if args.sandbox:
         overrides.append(f"sandbox.backend={args.sandbox}")
     cfg = load_config(args.config, overrides).sandbox
+    if args.timeout is not None and not 0 < args.timeout < math.inf:
+        raise UsageError(f"--timeout {args.timeout} is invalid; allowed: a finite number of seconds > 0")
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
     try:
         predictions = load_predictions(args.predictions)
     except PredictionsError as e:
@@ -41,8 +46,6 @@ def _grade(args: argparse.Namespace) -> int:
             task_grading(by_id[iid], base_dir)
         except TaskGradingError as e:
             raise UsageError(f"tasks file {args.tasks}: {e}") from None
-    if args.workers < 1:
-        raise UsageError("--workers must be at least 1")
 
     out = Path(args.out) if args.out else Path(args.predictions).with_suffix(".report.json")
     log_root = Path(args.log_dir) if args.log_dir else out.with_name(out.name.removesuffix(".json") + ".logs")

@@ -72,11 +72,13 @@ def load_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
             raise PredictionsError(f'{at}: missing model_patch (use "" or null for no patch)')
         if row["model_patch"] is not None and not isinstance(row["model_patch"], str):
             raise PredictionsError(f"{at}: model_patch must be a string or null")
+        if row.get("model_name_or_path") is not None and not isinstance(row["model_name_or_path"], str):
+            raise PredictionsError(f"{at}: model_name_or_path must be a string or null")
         if iid in out:
             raise PredictionsError(f"{at}: instance_id {iid!r} appears twice")
         out[iid] = {
             "instance_id": iid,
-            "model_name_or_path": str(row.get("model_name_or_path") or ""),
+            "model_name_or_path": row.get("model_name_or_path") or "",
             "model_patch": row["model_patch"] or "",
         }
     return out

@@ -210,3 +210,39 @@ def test_tensor_parallel_must_divide_the_kv_heads():
         "embedded", ["parallel.world_size=2", "parallel.tensor_parallel=2", "model.num_key_value_heads=2"]
     )
     assert cfg.parallel.tensor_parallel == 2
+
+
+SANDBOX_NUMBERS = [
+    f.name for f in dataclasses.fields(S.SandboxConfig) if f.type in ("int", "float", int, float)
+]
+BAD_NUMBERS = {"int": ["0", "-5"], "float": ["0", "-1", ".nan", ".inf"]}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (key, bad)
+        for key in SANDBOX_NUMBERS
+        for bad in BAD_NUMBERS[
+            "float" if S.SandboxConfig.__dataclass_fields__[key].type in ("float", float) else "int"
+        ]
+    ]
+    + [("workspace_root", "relative/sandboxes"), ("workspace_root", ""), ("sif_dir", "sifs")],
+)
+def test_every_sandbox_setting_has_a_validated_range(key, value):
+    """Each numeric sandbox/grading limit is positive and finite (memory_mb=-5 used to remove the memory limit,
+    max_processes=0 / tmpfs_mb=-1 made every grading an infra error, nan timeouts never fired); paths are
+    absolute. One message naming the key and what is allowed."""
+    with pytest.raises(ConfigError) as info:
+        load_config("embedded", [f"sandbox.{key}={value}"])
+    msg = str(info.value)
+    assert "\n" not in msg and f"sandbox.{key}=" in msg, msg
+    assert "allowed:" in msg and ("absolute" in msg if key in ("workspace_root", "sif_dir") else "> 0" in msg)
+
+
+def test_sandbox_limits_accept_positive_values_and_an_absolute_workspace():
+    cfg = load_config(
+        "embedded", ["sandbox.memory_mb=1", "sandbox.command_timeout_s=0.5", "sandbox.workspace_root=/srv/sb"]
+    )
+    assert (cfg.sandbox.memory_mb, cfg.sandbox.command_timeout_s) == (1, 0.5)
+    assert load_config("embedded", ["sandbox.sif_dir=/srv/sifs"]).sandbox.sif_dir == "/srv/sifs"

@@ -41,6 +41,12 @@ def files(tmp_path):
         ),
         ("\n", "no predictions"),
         ('[{"instance_id": "a", "model_patch": null}, 5]', "item 2: expected an object"),
+        # a non-string model name was stored as its repr ("{'x': 1}") in the report
+        (
+            '{"instance_id": "a", "model_patch": "", "model_name_or_path": {"x": 1}}\n',
+            "model_name_or_path must be",
+        ),
+        ('{"instance_id": "a", "model_patch": "", "model_name_or_path": 7}\n', "model_name_or_path must be"),
     ],
 )
 def test_malformed_predictions_are_named(tmp_path, content, message):
@@ -76,6 +82,19 @@ def test_grade_command_rejects_bad_input_with_one_line(files, capsys, prediction
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp / "preds.report.json").exists()
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--timeout", v) for v in ("nan", "inf", "-5", "0")] + [("--workers", "0")]
+)
+def test_grade_command_refuses_a_bad_limit(files, capsys, flag, value):
+    """--timeout nan|inf exited 0 with every instance "grading crashed"; -5 and 0 silently became 1 s."""
+    tasks, tmp = files
+    preds = write_jsonl(tmp / "p.jsonl", [{"instance_id": "calc__calc-0001", "model_patch": ""}])
+    code = main(["grade", "--tasks", str(tasks), "--predictions", str(preds), f"{flag}={value}"])
+    err = capsys.readouterr().err
+    assert code == 2 and flag in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp / "p.report.json").exists()
 
 
 def test_grade_command_rejects_tasks_it_cannot_grade(files, capsys):
