@@ -1,10 +1,13 @@
 """GPU wiring, each against a reference run on the same machine (CUDA + NCCL; skipped without CUDA).
 
-Transformer Engine layer spec, bf16, activation recomputation, the distributed optimizer, sequence
+Transformer Engine layer spec, bf16, YaRN, activation recomputation, the distributed optimizer, sequence
 parallelism and context parallelism are switched on through ParallelConfig / ModelConfig exactly as the
 presets do, and one DAPO update must give the same losses, gradients and weights as the plain layout
-(within each feature's numerical tolerance). Multi-GPU cases skip when fewer GPUs are visible. Each run
-is a fresh process per rank (`run_ranks`), so no NCCL state leaks between tests.
+(within each feature's numerical tolerance). Multi-GPU cases skip when fewer GPUs are visible, TE cases
+when transformer_engine is not importable. Each run is a fresh process per rank (`run_ranks`), so no
+NCCL state leaks between tests. Also: a TE-spec export reloaded by transformers gives the trainer's
+logprobs, and one optimiser step of a ~3B Qwen2.5 shape stays within train/memory_plan.py's estimate.
+`tools/gpu_check.sh` runs this file on one GPU machine.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from swe_megatron.config.schema import ParallelConfig, Recompute, TransformerImpl
 from swe_megatron.train.model import model_config_from_hf
 
-from ._workers import batch, run_ranks, tiny_hf, train_and_capture
+from ._workers import OPTIM, batch, run_ranks, tiny_hf, train_and_capture
 
 pytestmark = pytest.mark.gpu
 
@@ -36,9 +39,9 @@ def need(gpus: int = 1, te: bool = False) -> None:
         pytest.importorskip("transformer_engine")
 
 
-def run(tmp_path, name: str, world: int, cfg, par: ParallelConfig) -> dict:
-    """Rank 0's result of one update of SAMPLES under `par` on `world` GPUs."""
-    return run_ranks(train_and_capture, world, tmp_path / name, cfg, par, HF.state_dict(), SAMPLES, STEPS)[0]
+def run(tmp_path, name: str, world: int, cfg, par: ParallelConfig, hf=HF) -> dict:
+    """Rank 0's result of one update of SAMPLES under `par` on `world` GPUs, starting from `hf`'s weights."""
+    return run_ranks(train_and_capture, world, tmp_path / name, cfg, par, hf.state_dict(), SAMPLES, STEPS)[0]
 
 
 def close(run_: dict, ref: dict, label: str, loss_rtol: float, grad_rtol: float, grads: bool = True) -> None:
@@ -120,3 +123,146 @@ def test_context_and_sequence_parallel_with_tp2_cp2_on_four_gpus(tmp_path):
         transformer_impl="transformer_engine", tensor_parallel=2, context_parallel=2, sequence_parallel=True
     )
     close(run(tmp_path, "tp2cp2", 4, BF16, layout), ref, "TP2 SP CP2 vs one GPU (bf16, TE)", 3e-2, 1e-1)
+
+
+# Positions past original_max_position_embeddings (SAMPLES go up to 40 tokens) use YaRN's scaled
+# frequencies and attention factor; max_position_embeddings (128) = factor x original, as HF expects.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0}
+HF_YARN = tiny_hf(rope=YARN)
+CFG_YARN = model_config_from_hf(HF_YARN.config)
+BF16_YARN = dataclasses.replace(CFG_YARN, params_dtype="bfloat16")
+
+
+def test_te_bf16_yarn_tracks_local_fp32(tmp_path):
+    need(1, te=True)
+    assert CFG_YARN.rope_scaling.type == "yarn"
+    ref = run(tmp_path, "local-fp32", 1, CFG_YARN, LOCAL, HF_YARN)
+    got = run(tmp_path, "te-bf16", 1, BF16_YARN, TE, HF_YARN)
+    close(got, ref, "TE bf16 YaRN vs local fp32 YaRN", 3e-2, 1e-1)
+
+
+def test_te_bf16_yarn_cp2_tracks_local_fp32(tmp_path):
+    need(2, te=True)
+    ref = run(tmp_path, "local-fp32", 1, CFG_YARN, LOCAL, HF_YARN)
+    cp2 = par(transformer_impl=TransformerImpl.transformer_engine, context_parallel=2)
+    close(
+        run(tmp_path, "te-bf16-cp2", 2, BF16_YARN, cp2, HF_YARN),
+        ref,
+        "TE bf16 YaRN CP2 vs local fp32",
+        3e-2,
+        1e-1,
+    )
+
+
+def export_and_score(rank, model_cfg, par_: ParallelConfig, hf_state, samples, out):
+    """Worker: one SFT update, export to `out`, then the trainer's logprobs of `samples` and its parameter names."""
+    from swe_megatron.train import parallel
+    from swe_megatron.train.step import LossSpec, Trainer
+
+    parallel.init_model_parallel(par_, seed=1)
+    trainer = Trainer(model_cfg, par_, OPTIM, total_steps=4, hf_state=hf_state)
+    trainer.update(samples, 1, LossSpec("sft"))
+    trainer.export(out)
+    mbs = trainer._my_microbatches(samples, list(range(len(samples))))
+    trainer.logprobs(mbs)
+    scored = [(mb.tokens.cpu(), mb.rows.cpu(), mb.targets.cpu(), mb.old_logprobs.cpu()) for mb in mbs]
+    return {"names": [n for n, _ in trainer.model.module.named_parameters()], "scored": scored}
+
+
+def test_te_spec_export_reloads_in_transformers_with_equal_logprobs(tmp_path):
+    need(1, te=True)
+    from transformers import AutoModelForCausalLM
+
+    from swe_megatron.train.logprobs import full_logprobs_reference
+
+    from .test_te_names import TE_LAYER_PARAMS
+
+    out = tmp_path / "hf"
+    res = run_ranks(
+        export_and_score, 1, tmp_path / "run", CFG_YARN, TE, HF_YARN.state_dict(), SAMPLES, str(out)
+    )[0]
+    layer0 = sorted(
+        n.removeprefix("decoder.layers.0.") for n in res["names"] if n.startswith("decoder.layers.0.")
+    )
+    assert layer0 == sorted(TE_LAYER_PARAMS), "the TE spec's parameter names changed: update hf_convert"
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).cuda().eval()
+    worst = 0.0
+    with torch.no_grad():
+        for tokens, rows, targets, ours in res["scored"]:
+            logits = loaded(tokens.cuda()).logits.float()
+            theirs = full_logprobs_reference(
+                logits.reshape(-1, logits.shape[-1])[rows.cuda()], targets.cuda()
+            )
+            worst = max(worst, (theirs.cpu() - ours).abs().max().item())
+    print(f"TE-spec export (fp32, YaRN) vs trainer: max |logprob diff| = {worst:.3g}")
+    assert worst < 1e-3
+
+
+# A Qwen2.5-3B shape (3.09B parameters, tied embeddings): bf16 weights + fp32 grads + Adam = 18 B/param,
+# ~52 GiB, fits one 80 GB H100 without the distributed optimizer.
+SHAPE_3B = dict(
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    params_dtype="bfloat16",
+)
+LENGTH_3B = 4096
+
+
+def one_step_memory(rank, model_cfg, par_: ParallelConfig, length: int):
+    """Worker: random-init Trainer, one SFT step on one `length`-token trajectory; peak CUDA memory and time."""
+    import time
+
+    from swe_megatron.train import parallel
+    from swe_megatron.train.packing import TrainSample
+    from swe_megatron.train.step import LossSpec, Trainer
+
+    parallel.init_model_parallel(par_, seed=0)
+    start = time.perf_counter()
+    trainer = Trainer(model_cfg, par_, OPTIM, total_steps=2)
+    built = time.perf_counter() - start
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(length, generator=g) < 0.5
+    mask[0] = False
+    sample = TrainSample(torch.randint(0, model_cfg.vocab_size, (length,), generator=g), mask)
+    start = time.perf_counter()
+    metrics = trainer.update([sample], 1, LossSpec("sft"))
+    torch.cuda.synchronize()
+    return {
+        "peak": torch.cuda.max_memory_allocated(),
+        "params": sum(p.numel() for p in trainer.model.module.parameters()),
+        "build_s": built,
+        "step_s": time.perf_counter() - start,
+        "loss": metrics[0]["loss"],
+        "te": any("layer_norm_weight" in n for n, _ in trainer.model.module.named_parameters()),
+        "gpu_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
+    }
+
+
+def test_3b_one_step_within_memory_plan(tmp_path):
+    need(1)
+    from swe_megatron.config.schema import ModelConfig
+    from swe_megatron.train.memory_plan import GIB, estimate, total_params
+
+    if torch.cuda.get_device_properties(0).total_memory < 75 * GIB:
+        pytest.skip("the 3B step needs an 80 GB GPU")
+    cfg = dataclasses.replace(ModelConfig(), **SHAPE_3B)
+    layout_par = ParallelConfig(recompute=Recompute.full, micro_batch_tokens=LENGTH_3B)
+    res = run_ranks(one_step_memory, 1, tmp_path / "3b", cfg, layout_par, LENGTH_3B)[0]
+    plan = estimate(cfg, LENGTH_3B, 1, 1, 1, 1, gpu_gib=res["gpu_gib"], distributed_optimizer=False)
+    peak = res["peak"] / GIB
+    print(
+        f"3B ({res['params'] / 1e9:.2f}B params, {'TE' if res['te'] else 'local'} spec, bf16, full recompute, "
+        f"{LENGTH_3B} tokens): measured peak {peak:.2f} GiB (torch.cuda.max_memory_allocated); plan "
+        f"{plan.total:.2f} GiB = weights {plan.weights:.2f} + grads {plan.grads:.2f} + Adam {plan.optimizer:.2f}"
+        f" + activations {plan.activations:.2f} + overhead {plan.overhead:.2f}; build {res['build_s']:.0f} s, "
+        f"step {res['step_s']:.1f} s, loss {res['loss']:.3f}"
+    )
+    assert res["params"] == total_params(cfg)
+    assert torch.isfinite(torch.tensor(res["loss"]))
+    # The plan must not under-estimate (its fixed overhead covers allocator slack) nor be far above.
+    assert peak <= plan.total
+    assert peak >= 0.8 * (plan.total - plan.overhead)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU-marked tests (tests/train/test_gpu.py) on one GPU machine without network, in one command
+# that ends within 10 minutes (install included).
+#
+# The machine's image brings Python >= 3.12 and a CUDA torch (e.g. torch 2.11); everything else comes
+# from a folder of wheels carried along (~46 MB: megatron-core 0.19.2, transformers 5.19.0, omegaconf,
+# safetensors, psutil, pytest and their dependencies). Transformer Engine and vLLM are too large to carry:
+# without them the TE tests skip with "could not import 'transformer_engine'" and the rest run on the
+# local layer spec. Wheels are never committed; fetch them on a machine with PyPI access:
+#
+#   tools/gpu_check.sh --fetch [DIR]     # downloads the wheels for CPython 3.12 linux x86_64 into DIR
+#   tools/gpu_check.sh [DIR]             # on the GPU machine: installs from DIR offline, runs the tests
+#
+# DIR defaults to <repo>/.gpu-wheels. The install goes into <repo>/.gpu-venv (a venv that sees the image's
+# torch through --system-site-packages). Figures are printed by the tests (-s); copy them to
+# docs/benchmarks.md ("GPU checks").
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+budget_s=${GPU_CHECK_BUDGET_S:-600}
+start=$SECONDS
+py=${PYTHON:-python3}
+
+if [[ ${1:-} == --fetch ]]; then
+  dir=${2:-$root/.gpu-wheels}
+  mkdir -p "$dir"
+  dl=("$py" -m pip download -q --disable-pip-version-check -d "$dir")
+  bin=(--only-binary :all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  # megatron-core and omegaconf without their dependencies: megatron-core's would pull torch (the image
+  # has it); omegaconf's antlr4 runtime 4.9.3 exists only as an sdist (pure Python, built offline below).
+  "${dl[@]}" "${bin[@]}" --no-deps megatron-core==0.19.2 omegaconf==2.3.0
+  "${dl[@]}" --no-deps --no-binary :all: antlr4-python3-runtime==4.9.3
+  "${dl[@]}" "${bin[@]}" transformers==5.19.0 safetensors numpy psutil pyyaml pytest pytest-timeout \
+    setuptools wheel
+  du -sh "$dir"
+  exit 0
+fi
+
+dir=${1:-$root/.gpu-wheels}
+[[ $# -gt 0 ]] && shift  # the rest goes to pytest
+if [[ ! -d $dir ]] || ! compgen -G "$dir/megatron_core-0.19.2-*.whl" >/dev/null; then
+  echo "gpu_check: no megatron-core 0.19.2 wheel in $dir: run 'tools/gpu_check.sh --fetch $dir' on a machine" \
+       "with PyPI access and bring the folder along" >&2
+  exit 1
+fi
+"$py" - <<'EOF' || exit 1
+import sys
+if sys.version_info[:2] < (3, 12):
+    sys.exit(f"gpu_check: Python {sys.version.split()[0]}: megatron-core 0.19.2 needs >= 3.12 (set PYTHON)")
+try:
+    import torch
+except ImportError:
+    sys.exit("gpu_check: this Python has no torch: use the GPU image's Python (set PYTHON)")
+if not torch.cuda.is_available():
+    sys.exit(f"gpu_check: torch {torch.__version__} sees no CUDA device: run it on the GPU machine")
+EOF
+
+venv=$root/.gpu-venv
+[[ -x $venv/bin/python ]] || "$py" -m venv --system-site-packages "$venv"
+# Only what the image lacks is installed (pip keeps the image's torch, numpy, ... when they satisfy).
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$dir" \
+  megatron-core==0.19.2 "transformers>=5.16.1,<5.21" safetensors psutil "omegaconf==2.3.0" pytest pytest-timeout
+"$venv/bin/python" - <<'EOF'
+import importlib.util, platform, torch
+have = {m: importlib.util.find_spec(m) is not None for m in ("megatron.core", "transformer_engine", "vllm", "transformers")}
+gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+print(f"gpu_check: Python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+      f"{len(gpus)} GPU(s) {sorted(set(gpus))}; installed: {have}")
+EOF
+left=$((budget_s - (SECONDS - start) - 5))
+echo "gpu_check: install took $((SECONDS - start)) s; tests get ${left} s"
+export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+# -rs lists every skip with its reason (missing TE, fewer GPUs); the outer timeout keeps the 10 minutes.
+exec timeout --kill-after=5 "$left" "$venv/bin/python" -m pytest -m gpu tests/train/test_gpu.py -s -rs \
+  -p no:cacheprovider --timeout "$left" "$@"
