@@ -116,9 +116,11 @@ def test_each_kind_of_conflict_is_reported(change, expected):
 
 def test_python_marker_and_image_checks():
     meta = {**META, "megatron-core": {**META["megatron-core"], "requires_python": ">=3.13"}}
-    conflicts, _ = run_check(GOOD, meta=meta, image=(13, 0), image_versions={"torch": "2.13.0"})
+    images = {"torch": "2.13.0", "flash-attn": "2.8.0"}
+    conflicts, _ = run_check(GOOD, meta=meta, image=(13, 0), image_versions=images)
     assert "megatron-core==0.19.2 requires Python >=3.13, the image has 3.12" in conflicts
     assert "trainer.def installs torch==2.13.0, the gpu extra pins torch==2.14.0" in conflicts
+    assert "trainer.def installs flash-attn==2.8.0, the gpu extra pins nothing" in conflicts
     # zentorch is behind vllm's `zen` extra and torchvision is not pinned: neither is a conflict.
     assert not any("zentorch" in c or "torchvision" in c for c in conflicts)
 
