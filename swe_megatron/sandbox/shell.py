@@ -636,15 +636,21 @@ class ShellSandbox:
             self._cleanup()
 
     def _cleanup(self) -> None:
-        if self._shell is not None:
-            self._shell.close()
-            self._shell = None
-        if self.workspace is not None:
-            self.workspace.remove()
-            self.workspace = None
-        if self.user is not None:
-            self.user.release()
-            self.user = None
+        """Kill the shell, remove the workspace, give the uid back: each step runs whatever the one before
+        did (the workspace's removal never raises; what stays is swept later)."""
+        try:
+            if self._shell is not None:
+                shell, self._shell = self._shell, None
+                shell.close()
+        finally:
+            try:
+                if self.workspace is not None:
+                    workspace, self.workspace = self.workspace, None
+                    workspace.remove()
+            finally:
+                if self.user is not None:
+                    user, self.user = self.user, None
+                    user.release()
 
     def __enter__(self):
         self.start()
@@ -658,7 +664,7 @@ _swept: set[str] = set()
 
 
 def _sweep_once(root: str) -> None:
-    """Remove workspaces left by crashed processes, once per process and root."""
+    """Remove workspaces left by crashed processes, once per process and root (never raises)."""
     if root not in _swept:
         _swept.add(root)
         sweep_stale(root)

@@ -15,11 +15,14 @@ with other hard links, are refused too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import stat
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +32,11 @@ from swe_megatron.sandbox.base import SandboxError
 LOCK_NAME = ".lock"
 MAX_SYMLINK_HOPS = 40
 STALE_GRACE_S = 60.0  # a younger folder may still be being created
+_MAX_DEPTH = 32  # remove_tree: folders open at once (deeper ones are moved up first)
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # linux/fs.h (the flags are an int)
+_FROZEN = 0x00000010 | 0x00000020  # FS_IMMUTABLE_FL | FS_APPEND_FL
+
+log = logging.getLogger(__name__)
 
 
 def _copy_tree(src: Path, dst: Path, uid: int, gid: int) -> None:
@@ -63,51 +71,152 @@ def _copy_tree(src: Path, dst: Path, uid: int, gid: int) -> None:
         os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a folder tree (fd-based, never follows symlinks), whatever the agent did to its modes."""
-
-    def fix_and_retry(func, p, _exc):  # a folder its owner made chmod 000 (non-root runs only)
+def _open_dir(name: str, dir_fd: int) -> int:
+    """Open a folder entry without following symlinks; as its non-root owner, a chmod 000 one too."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except PermissionError:
         if os.geteuid() == 0:
-            return
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            func(p)
-        except OSError:
-            pass
+            raise
+        os.chmod(name, 0o700, dir_fd=dir_fd)  # lstat said folder; nothing in the sandbox runs any more
+        return os.open(name, flags, dir_fd=dir_fd)
 
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=fix_and_retry)
-        if os.path.lexists(path):
-            shutil.rmtree(path, ignore_errors=True)
+
+def _thaw(fd: int) -> None:
+    """Clear the immutable and append-only flags of an open file or folder (root), so it can go."""
+    with contextlib.suppress(OSError):
+        flags = struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 4))[0]
+        if flags & _FROZEN:
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("i", flags & ~_FROZEN))
+
+
+def _unlink(name: str, dir_fd: int, folder: bool) -> None:
+    """Remove one entry (an empty folder, or anything else); when refused, make it removable and retry:
+    root clears immutable/append-only flags of it and its folder, an owner gives itself write access."""
+    remove = os.rmdir if folder else os.unlink
+    try:
+        return remove(name, dir_fd=dir_fd)
+    except PermissionError:
+        pass
+    if os.geteuid() == 0:
+        _thaw(dir_fd)
+        with contextlib.suppress(OSError):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                _thaw(fd)
+            finally:
+                os.close(fd)
+    else:
+        with contextlib.suppress(OSError):
+            os.fchmod(dir_fd, 0o700)
+    remove(name, dir_fd=dir_fd)
+
+
+def _remove_folder(parent_fd: int, name: str) -> None:
+    """Remove folder `name` of parent_fd with everything in it; raises OSError where something stays.
+
+    No recursion and a bounded number of open fds, whatever the depth: a folder found _MAX_DEPTH levels
+    down is first moved up into the top folder under a fresh name and emptied later from there.
+    """
+    chain: list[tuple[int, str, list[str]]] = []  # open folders: (fd, name in its parent, entries left)
+    moved = 0
+    try:
+        fd = _open_dir(name, parent_fd)
+        chain.append((fd, name, os.listdir(fd)))
+        while chain:
+            fd, _, todo = chain[-1]
+            descend = None
+            while todo and descend is None:
+                entry = todo.pop()
+                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    _unlink(entry, fd, folder=False)
+                elif len(chain) < _MAX_DEPTH:
+                    descend = entry
+                else:
+                    moved += 1
+                    fresh = f".rm-{moved}"
+                    os.rename(entry, fresh, src_dir_fd=fd, dst_dir_fd=chain[0][0])
+                    chain[0][2].append(fresh)
+            if descend is not None:
+                sub = _open_dir(descend, fd)
+                chain.append((sub, descend, os.listdir(sub)))
+                continue
+            fd, done, _ = chain.pop()
+            os.close(fd)
+            _unlink(done, chain[-1][0] if chain else parent_fd, folder=True)
+    finally:
+        for fd, _, _ in chain:
+            os.close(fd)
+
+
+def remove_tree(path: str | Path) -> bool:
+    """Remove a file or folder tree; True when it is gone. Never raises and never follows symlinks, whatever
+    the agent left there: any depth, chmod 000 folders, read-only, immutable or append-only files, sockets,
+    fifos. What cannot be removed is logged (a later sweep_stale tries again)."""
+    path = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(path)
+    try:
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+        return False
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            _remove_folder(parent_fd, name)
+        else:
+            _unlink(name, parent_fd, folder=False)
+        return True
+    except FileNotFoundError:
+        return not os.path.lexists(path)
+    except (OSError, ValueError) as e:
+        log.warning("cannot remove %s (left for a later sweep): %s", path, e)
+        return False
+    finally:
+        os.close(parent_fd)
 
 
 def sweep_stale(root: str | Path) -> list[Path]:
-    """Remove workspaces under root whose owning process is gone; returns what was removed."""
-    removed = []
+    """Remove workspaces under root whose owning process is gone; returns what was removed. Never raises:
+    a workspace that cannot be removed (or read) is logged and left for the next sweep."""
+    removed: list[Path] = []
     root = Path(root)
-    if not root.is_dir():
+    try:
+        entries = list(root.iterdir()) if root.is_dir() else []
+    except OSError as e:
+        log.warning("cannot sweep %s: %s", root, e)
         return removed
-    for entry in root.iterdir():
+    for entry in entries:
         try:
-            if not entry.name.startswith("sbx-") or time.time() - entry.lstat().st_mtime < STALE_GRACE_S:
-                continue  # young: perhaps being created right now, before its lock is taken
-            fd = os.open(entry / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if entry.is_dir() and not entry.is_symlink():
-                remove_tree(entry)
+            if _is_stale(entry) and remove_tree(entry):
                 removed.append(entry)
-            continue
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue  # alive
-        finally:
-            os.close(fd)
-        remove_tree(entry)
-        removed.append(entry)
+        except Exception as e:  # noqa: BLE001 - one bad folder must not stop a sandbox from starting
+            log.warning("cannot sweep %s: %s", entry, e)
     return removed
+
+
+def _is_stale(entry: Path) -> bool:
+    """A workspace folder old enough to be complete whose lock nobody holds (or that has no lock)."""
+    if not entry.name.startswith("sbx-"):
+        return False
+    st = entry.lstat()
+    if not stat.S_ISDIR(st.st_mode) or time.time() - st.st_mtime < STALE_GRACE_S:
+        return False  # young: perhaps being created right now, before its lock is taken
+    try:
+        fd = os.open(entry / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # alive
+    finally:
+        os.close(fd)
+    return True
 
 
 class Workspace:
@@ -149,12 +258,15 @@ class Workspace:
             raise SandboxError(f"cannot copy repository {repo_dir} into the workspace: {e}") from None
         return ws
 
-    def remove(self) -> None:
-        """Delete the workspace and free its lock (idempotent)."""
-        remove_tree(self.folder)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+    def remove(self) -> bool:
+        """Delete the workspace and free its lock (idempotent, never raises); False when something stayed
+        (logged; sweep_stale removes it later, since the lock is free)."""
+        try:
+            return remove_tree(self.folder)
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     # -- safe access ---------------------------------------------------------------------------------------
 
