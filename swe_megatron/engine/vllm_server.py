@@ -8,7 +8,9 @@ Caches, compile artefacts and IPC sockets go under `work_dir`, not ~/.cache or /
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swe_megatron.config.schema import EngineConfig
+from swe_megatron.config.schema import EngineConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
 
 
@@ -50,6 +52,36 @@ def server_command(
 
         cmd += ["--worker-extension-cls", WORKER_EXTENSION]
     return cmd
+
+
+def engine_model_dir(model: ModelConfig, out: Path, src: str | Path | None = None, seed: int = 0) -> Path:
+    """The folder a server starts from: `src`'s files (default model.hf_path, a folder or a cached hub id;
+    a tiny random checkpoint when null) linked into `out`, with the trainer's config.json.
+
+    The server's rope scaling and max_position_embeddings then are the trainer's (train/export.py), never a
+    base model's config.json: Qwen2.5 ships without YaRN, and vLLM refuses a --max-model-len beyond it.
+    Weight reloads keep this config; only weights change.
+    """
+    from swe_megatron.model.hub import resolve_model_path
+    from swe_megatron.train.export import hf_config_dict
+
+    out = Path(out)
+    src = src if src is not None else model.hf_path
+    if src is None:
+        from swe_megatron.engine.hf import save_tiny_checkpoint
+
+        src = save_tiny_checkpoint(model, out.with_name(out.name + ".weights"), seed)
+    src = resolve_model_path(src)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (tmp / f.name).symlink_to(f.resolve())
+    (tmp / "config.json").write_text(json.dumps(hf_config_dict(model), indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def die_with_parent() -> None:

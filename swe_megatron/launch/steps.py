@@ -127,18 +127,16 @@ def sandbox_server(job_dir: str, config: str, overrides: list[str], port: int = 
 def engine(job_dir: str, config: str, overrides: list[str], stage: str, environ=None) -> int:
     """Run one vLLM server (engine entry SLURM_PROCID) on this task's GPUs; returns its status."""
     from swe_megatron.config.load import load_config
-    from swe_megatron.engine.vllm_server import server_command, server_env
+    from swe_megatron.engine.vllm_server import engine_model_dir, server_command, server_env
 
     env = SlurmEnv.from_environ(environ)
     cfg = load_config(config, overrides)
     job = Path(job_dir)
     work = job / "engines" / f"engine{env.rank}"
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = cfg.model.hf_path
-    if model_dir is None:  # tiny random model (CPU tests): the same weights the run initialises from
-        from swe_megatron.engine.hf import save_tiny_checkpoint
-
-        model_dir = str(save_tiny_checkpoint(cfg.model, work / "tiny-model", seed=cfg.seed))
+    # model.hf_path's weights (a null one: the tiny random weights the run initialises from) with the trainer's
+    # config.json, so the server has the trainer's rope scaling before the run reloads its weights.
+    model_dir = str(engine_model_dir(cfg.model, work / "model", seed=cfg.seed))
     port = cfg.engine.port + env.local_rank
     context = (
         getattr(cfg, stage).context_length

@@ -3,7 +3,7 @@
 That package ships Qwen's byte-level BPE (151,643 tokens) with a newer model family's extra added tokens
 and chat template. Dropping added tokens above id 151664 (`<|file_sep|>`) and installing the Qwen2.5 chat
 template reproduces Qwen2.5-Instruct prompt ids exactly. `load_tokenizer("qwen2.5")` returns it; any other
-name is handed to `AutoTokenizer.from_pretrained` (a local checkpoint folder or hub id).
+name is a checkpoint folder or a hub id in the local Hugging Face cache (model/hub.py).
 """
 
 from __future__ import annotations
@@ -124,8 +124,10 @@ def load_tokenizer(name: str):
         return _qwen25()
     from transformers import AutoTokenizer
 
+    from swe_megatron.model.hub import resolve_model_path
+
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(str(resolve_model_path(name)))
     except OSError as e:
         raise TokenizerError(
             f"cannot load tokenizer {name!r}: {e}; use 'qwen2.5' or a checkpoint folder"

@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from swe_megatron.engine.base import EngineError
-from swe_megatron.engine.vllm_server import VllmServer, die_with_parent
+from swe_megatron.engine.vllm_server import VllmServer, die_with_parent, engine_model_dir
 from swe_megatron.launch import rendezvous
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
 
@@ -183,11 +183,11 @@ class Topology:
             print(f"topology: {len(self.engine.urls)} vLLM server(s) of job {self.rendezvous.job_id}, serving "
                   f"{model_dir}", file=sys.stderr, flush=True)  # fmt: skip
             return self.engine
+        # The trainer's config.json (rope scaling), whatever folder the weights come from.
+        served = str(engine_model_dir(self.cfg.model, self.work_dir / "model", model_dir))
         # engine.port + i when free, else any free port (other runs on the machine may hold it).
         self.servers = [
-            VllmServer(
-                model_dir, _port_or_free(ecfg.port + i), ecfg, self.work_dir / f"vllm{i}", max_model_len
-            )
+            VllmServer(served, _port_or_free(ecfg.port + i), ecfg, self.work_dir / f"vllm{i}", max_model_len)
             for i in range(ecfg.num_servers)
         ]
         for s in self.servers:

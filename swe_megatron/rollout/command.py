@@ -86,11 +86,9 @@ def _engine(cfg, args, tasks, out: Path, stack, rendezvous_engines=()):
             args.engine_url or rendezvous_engines, "policy", cfg.sampling, [chat.eos_id],
             cfg.engine.request_timeout_s,
         )  # fmt: skip
-    model_dir = cfg.model.hf_path
-    if model_dir is None:
-        from swe_megatron.engine.hf import save_tiny_checkpoint
+    from swe_megatron.engine.vllm_server import engine_model_dir
 
-        model_dir = str(save_tiny_checkpoint(cfg.model, out / "tiny-model", seed=cfg.seed))
+    model_dir = str(engine_model_dir(cfg.model, out / "model", seed=cfg.seed))  # the trainer's config.json
     if cfg.engine.backend == EngineBackend.transformers:
         from swe_megatron.engine.hf import TransformersEngine
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from swe_megatron.config.schema import ModelConfig
+from swe_megatron.config.schema import ModelConfig, max_positions
 from swe_megatron.train.hf_convert import hf_state_of_stage
 
 _HF_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -41,7 +41,7 @@ class ExportReport:
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict:
-    """The config.json of `cfg` as a transformers Qwen2/Llama config."""
+    """The config.json of `cfg` as a transformers Qwen2/Llama config (what every engine starts from)."""
     qwen = cfg.architecture == "qwen2"
     out = {
         "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
@@ -53,7 +53,7 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.hidden_size // cfg.num_attention_heads,
-        "max_position_embeddings": cfg.max_position_embeddings,
+        "max_position_embeddings": max_positions(cfg),  # scaled with YaRN, as vLLM and transformers read it
         "rope_theta": cfg.rope_theta,
         "rms_norm_eps": cfg.rms_norm_eps,
         "hidden_act": "silu",

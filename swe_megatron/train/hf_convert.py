@@ -159,9 +159,10 @@ class HFCheckpoint(Mapping):
 
     def __init__(self, folder):
         import json
-        from pathlib import Path
 
-        self.folder = Path(folder)
+        from swe_megatron.model.hub import resolve_model_path
+
+        self.folder = resolve_model_path(folder)  # a folder, or a hub id in the local HF cache
         index = self.folder / "model.safetensors.index.json"
         if index.is_file():
             self._where = json.loads(index.read_text())["weight_map"]

@@ -20,6 +20,7 @@ from swe_megatron.config.schema import (
     Recompute,
     RopeScalingConfig,
     TransformerImpl,
+    max_positions,
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,7 +66,10 @@ def model_config_from_hf(hf_config, name: str = "hf") -> ModelConfig:
         num_layers=hf_config.num_hidden_layers,
         num_attention_heads=hf_config.num_attention_heads,
         num_key_value_heads=hf_config.num_key_value_heads,
-        max_position_embeddings=hf_config.max_position_embeddings,
+        # With YaRN a HF config's max_position_embeddings is the scaled length; ModelConfig keeps the native one.
+        max_position_embeddings=scaling.original_max_position_embeddings
+        if scaling.type == "yarn"
+        else hf_config.max_position_embeddings,
         rope_theta=float(theta),
         rope_scaling=scaling,
         rms_norm_eps=hf_config.rms_norm_eps,
@@ -194,9 +198,7 @@ def build_model(
         config=cfg,
         transformer_layer_spec=layer_spec(parallel),
         vocab_size=model.vocab_size,
-        max_sequence_length=max(
-            model.max_position_embeddings, int(model.rope_scaling.factor * model.max_position_embeddings)
-        ),
+        max_sequence_length=max_positions(model),
         pre_process=pre_process,
         post_process=post_process,
         parallel_output=True,

