@@ -10,12 +10,13 @@ engine.tensor_parallel_size GPUs each. cluster.engine_nodes=0 means the run star
 to the trainer (the single-node CPU case). Every node runs one sandbox server.
 
 Every step names its own resources (srun does not inherit the batch's --cpus-per-task since Slurm 22.05,
-and a step without a GRES request gets all of the job's GPUs on its nodes): the trainer ranks of a node
-share its CPUs (--cpus-per-task = CPUs // ranks per node) and take one GPU each, all of them visible to
-every rank of the node (--gres=gpu:RANKS_PER_NODE: a rank picks LOCAL_RANK, NCCL keeps peer access; with
---gpus-per-task each rank would see only its own GPU, and --gpu-bind=none leaves CUDA_VISIBLE_DEVICES unset
-in Slurm 22.05); a vLLM server takes its tensor-parallel GPUs (--gpus-per-task: CUDA_VISIBLE_DEVICES holds
-only its own) and its share of the node's CPUs; the sandbox server takes no GPU (--gres=none) and
+but does read the batch's SLURM_GPUS_PER_NODE, and a step without a GPU request gets all of the job's GPUs
+on its nodes): the trainer ranks of a node share its CPUs (--cpus-per-task = CPUs // ranks per node) and
+take one GPU each, all of them visible to every rank of the node (--gpus-per-node=RANKS_PER_NODE: a rank
+picks LOCAL_RANK, NCCL keeps peer access; --gpus-per-task would show each rank only its own GPU); a vLLM
+server takes its tensor-parallel GPUs (--gpus-per-task: CUDA_VISIBLE_DEVICES holds only its own) and its
+share of the node's CPUs; the sandbox server takes no GPU (--gpus-per-node=0; --gres=none is refused as an
+invalid TRES request next to the inherited SLURM_GPUS_PER_NODE, checked on Slurm 22.05) and
 may use all the node's CPUs (its containers run the tests beside the trainer or the engines). All steps
 run at once on the same nodes, so each is --overlap (explicit --cpus-per-task implies --exact: a step's
 tasks get distinct CPUs among themselves) with --mem=0 (the job's memory, reserving none of it).
@@ -66,7 +67,7 @@ class JobLayout:
         """srun options placing the step of role (sandbox|engine|trainer); [] for an engine step with no engines."""
         if role == "sandbox":
             nodes, tasks, per_node, cpus = self.all_nodes, len(self.all_nodes), 1, self.cpus_per_node
-            gpus = ["--gres=none"]
+            gpus = ["--gpus-per-node=0"]
         elif role == "engine":
             if not self.engines:
                 return []
@@ -74,13 +75,16 @@ class JobLayout:
             cpus, gpus = self.cpus_per_node // per_node, [f"--gpus-per-task={self.gpus_per_engine}"]
         elif role == "trainer":
             nodes, tasks, per_node = self.trainer_nodes, self.trainer_tasks, self.trainer_tasks_per_node
-            cpus, gpus = self.cpus_per_node // per_node, [f"--gres=gpu:{per_node}"]
+            cpus, gpus = (
+                self.cpus_per_node // per_node,
+                [f"--gpus-per-node={per_node if self.gpus_per_node else 0}"],
+            )
         else:
             raise ValueError(f"unknown step role {role!r}; one of sandbox, engine, trainer")
         return [
             "--overlap", f"--nodes={len(nodes)}", f"--ntasks={tasks}", f"--ntasks-per-node={per_node}",
             f"--nodelist={','.join(nodes)}", f"--cpus-per-task={cpus}",
-            *(gpus if self.gpus_per_node else ["--gres=none"]), "--mem=0",
+            *gpus, "--mem=0",
         ]  # fmt: skip
 
     def shell(self) -> str:

@@ -90,12 +90,12 @@ def test_paper_steps_place_each_role_with_its_own_cpus_and_gpus(tmp_path):
     lay = job_layout(cfg, JOB_NODES, "77", cpus_per_node=32)
     sandbox, engine, trainer = (_opts(lay.srun_options(r)) for r in ("sandbox", "engine", "trainer"))
     assert sandbox == {"overlap": "", "nodes": "16", "ntasks": "16", "ntasks-per-node": "1",
-                       "nodelist": ",".join(JOB_NODES), "cpus-per-task": "32", "gres": "none", "mem": "0"}  # fmt: skip
+                       "nodelist": ",".join(JOB_NODES), "cpus-per-task": "32", "gpus-per-node": "0", "mem": "0"}  # fmt: skip
     assert engine == {"overlap": "", "nodes": "8", "ntasks": "16", "ntasks-per-node": "2",
                       "nodelist": ",".join(JOB_NODES[8:]), "cpus-per-task": "16", "gpus-per-task": "4",
                       "mem": "0"}  # fmt: skip
     assert trainer == {"overlap": "", "nodes": "8", "ntasks": "64", "ntasks-per-node": "8",
-                       "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gres": "gpu:8", "mem": "0"}  # fmt: skip
+                       "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8", "mem": "0"}  # fmt: skip
     with pytest.raises(LaunchError, match="8 trainer ranks per node .* 4 CPU"):
         job_layout(cfg, JOB_NODES, "77", cpus_per_node=4)
 
@@ -103,7 +103,7 @@ def test_paper_steps_place_each_role_with_its_own_cpus_and_gpus(tmp_path):
 def test_cpu_layout_gives_steps_no_gpus(tmp_path):
     cfg = load_config("embedded", [f"run_dir={tmp_path}/run"])
     lay = job_layout(cfg, ["vm"], "5", cpus_per_node=2)
-    assert _opts(lay.srun_options("trainer"))["gres"] == "none"
+    assert _opts(lay.srun_options("trainer"))["gpus-per-node"] == "0"
     assert _opts(lay.srun_options("trainer"))["cpus-per-task"] == "2"
     assert lay.srun_options("engine") == []  # no engine step: the run starts its engines itself
     shell = lay.shell()
@@ -137,14 +137,16 @@ def test_every_srun_in_common_sh_places_its_step_explicitly(tmp_path):
     for role in ("sandbox", "engine", "trainer"):
         opts = lay.srun_options(role)
         assert all(any(o.startswith(f) for o in opts) for f in STEP_FLAGS), (role, opts)
-        assert any(o.startswith(("--gpus-per-task", "--gres")) for o in opts) and "--overlap" in opts
+        assert any(o.startswith(("--gpus-per-task", "--gpus-per-node")) for o in opts) and "--overlap" in opts
 
 
 @pytest.mark.slurm
 def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_path):
     """On tools/slurm_up.sh's cluster: `job-step init` in a batch job, then the sandbox and trainer steps
     with the layout's options at once (2 trainer ranks on the node's 2 fake GPUs): both run together, each
-    task knows its node, the trainer ranks see both GPUs and the sandbox none."""
+    task knows its node, the trainer ranks see both GPUs and the sandbox none. Submitted with
+    --gpus-per-node as slurm/*.sbatch are: srun reads the batch's SLURM_GPUS_PER_NODE, which made a
+    sandbox step with --gres=none fail ("Invalid Trackable RESource (TRES) specification")."""
     import shutil
     import subprocess
     import sys
@@ -169,7 +171,7 @@ def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_p
     out = tmp_path / "out.txt"
     subprocess.run(
         ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=2G",
-         "--gres=gpu:2", "--time=5", "--oversubscribe", f"--output={out}", str(script)],
+         "--gpus-per-node=2", "--time=5", "--oversubscribe", f"--output={out}", str(script)],
         check=True, capture_output=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     text = out.read_text()
