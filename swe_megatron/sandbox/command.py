@@ -51,6 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from swe_megatron.config.load import load_config
     from swe_megatron.config.schema import SandboxBackend, SandboxConfig
+    from swe_megatron.config.validate import sandbox_problems
     from swe_megatron.sandbox.server import SandboxServer
 
     try:
@@ -65,6 +66,15 @@ def _serve(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, backend=SandboxBackend(args.backend))
     if args.max_concurrent is not None:
         cfg = dataclasses.replace(cfg, max_concurrent=args.max_concurrent)
+    problems = sandbox_problems(cfg) + (
+        [] if 0 <= args.port < 65536 else [f"--port {args.port}: allowed 0..65535"]
+    )
+    if problems:
+        print(
+            f"swe-megatron sandbox-server: {problems[0].replace('sandbox.max_concurrent', '--max-concurrent')}",
+            file=sys.stderr,
+        )
+        return 2
     if cfg.backend == SandboxBackend.local and not cfg.allow_local:
         from swe_megatron.sandbox.local import REFUSED
 

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import dataclasses
 import hmac
 import logging
+import math
 import secrets
 import signal
 import time
@@ -68,17 +70,50 @@ def _error(status: int, message: str, kind: str = "SandboxError") -> web.Respons
     return web.json_response({"error": message, "type": kind}, status=status)
 
 
+class BadField(ValueError):
+    """A malformed request field (answered 400 with the message, which names the field)."""
+
+
+def text_field(data: dict, name: str, *, optional: bool = False) -> str | None:
+    """data[name] as a string without NUL bytes (None allowed when optional); BadField otherwise."""
+    value = data.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or "\0" in value:
+        raise BadField(f"{name}={value!r} is invalid; allowed: a string without NUL bytes")
+    return value
+
+
+def seconds_field(data: dict, name: str) -> float | None:
+    """data[name] as a finite number of seconds > 0, or None (the backend's default); BadField otherwise."""
+    value = data.get(name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+    ):
+        raise BadField(f"{name}={value!r} is invalid; allowed: a finite number of seconds > 0, or null")
+    return value
+
+
 def spec_from_json(data: dict) -> SandboxSpec:
-    """A SandboxSpec from request JSON; ValueError naming unknown or missing fields."""
+    """A SandboxSpec from request JSON; BadField naming an unknown, missing or malformed field."""
     if not isinstance(data, dict):
-        raise ValueError("spec must be a JSON object")
+        raise BadField("spec must be a JSON object")
     names = {f.name for f in dataclasses.fields(SandboxSpec)}
     unknown = set(data) - names
     if unknown:
-        raise ValueError(f"unknown spec fields {sorted(unknown)}; allowed: {sorted(names)}")
-    if not isinstance(data.get("repo_dir"), str):
-        raise ValueError("spec.repo_dir (a host path string) is required")
-    return SandboxSpec(**data)
+        raise BadField(f"unknown spec fields {sorted(unknown)}; allowed: {sorted(names)}")
+    spec = SandboxSpec(**data)
+    text_field(data, "repo_dir")
+    if not text_field(vars(spec), "workdir").startswith("/"):
+        raise BadField(f"workdir={spec.workdir!r} is invalid; allowed: an absolute path inside the sandbox")
+    for name in ("env_dir", "image"):
+        text_field(data, name, optional=True)
+    env = data.get("env")
+    if env is not None and not (
+        isinstance(env, dict) and all(text_field({"env": v}, "env") for v in env.values())
+    ):
+        raise BadField(f"env={env!r} is invalid; allowed: an object of string values, or null")
+    return spec
 
 
 class SandboxServer:
@@ -104,7 +139,7 @@ class SandboxServer:
 
     def app(self) -> web.Application:
         """The aiohttp application (routes, auth, lease reaper, teardown on cleanup)."""
-        app = web.Application(middlewares=[self._auth], client_max_size=MAX_BODY)
+        app = web.Application(middlewares=[self._auth, self._bad_fields], client_max_size=MAX_BODY)
         app.add_routes(
             [
                 web.get("/v1/health", self._health),
@@ -137,6 +172,13 @@ class SandboxServer:
                 401, "missing or wrong sandbox server token (Authorization: Bearer ...)", "AuthError"
             )
         return await handler(request)
+
+    @web.middleware
+    async def _bad_fields(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except BadField as e:
+            return _error(400, f"bad request field: {e}", "ValueError")
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -177,10 +219,7 @@ class SandboxServer:
         if self._stopping:
             return _error(503, "the sandbox server is shutting down")
         data = await self._json(request)
-        try:
-            spec = spec_from_json(data.get("spec"))
-        except (TypeError, ValueError) as e:
-            return _error(400, f"bad sandbox spec: {e}", "ValueError")
+        spec = spec_from_json(data.get("spec"))
         used = len(self._sandboxes) + self._starting
         if used >= self.cfg.max_concurrent:
             return _error(
@@ -210,9 +249,7 @@ class SandboxServer:
     async def _exec(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
         data = await self._json(request)
-        command, timeout_s = data.get("command"), data.get("timeout_s")
-        if not isinstance(command, str) or not (timeout_s is None or isinstance(timeout_s, int | float)):
-            return _error(400, "exec needs {'command': str, 'timeout_s': number or null}", "ValueError")
+        command, timeout_s = text_field(data, "command"), seconds_field(data, "timeout_s")
         entry.busy += 1
         try:
             res = await self._run(entry.sandbox.exec, command, timeout_s)
@@ -237,9 +274,7 @@ class SandboxServer:
 
     async def _read(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
-        path = (await self._json(request)).get("path")
-        if not isinstance(path, str):
-            return _error(400, "read needs {'path': str}", "ValueError")
+        path = text_field(await self._json(request), "path")
         result = await self._file_op(entry.sandbox.read_file, path)
         if isinstance(result, web.Response):
             return result
@@ -248,10 +283,12 @@ class SandboxServer:
     async def _write(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
         data = await self._json(request)
-        path, raw = data.get("path"), data.get("data_b64")
-        if not isinstance(path, str) or not isinstance(raw, str):
-            return _error(400, "write needs {'path': str, 'data_b64': str}", "ValueError")
-        result = await self._file_op(entry.sandbox.write_file, path, base64.b64decode(raw))
+        path = text_field(data, "path")
+        try:
+            raw = base64.b64decode(text_field(data, "data_b64"), validate=True)
+        except binascii.Error as e:
+            raise BadField(f"data_b64 is not base64 ({e})") from None
+        result = await self._file_op(entry.sandbox.write_file, path, raw)
         return result if isinstance(result, web.Response) else web.json_response({"ok": True})
 
     async def _stop(self, request: web.Request) -> web.Response:

@@ -115,6 +115,47 @@ def test_bad_requests_are_rejected_clearly(server):
             client.request("POST", "/v1/sandboxes/nope/exec", {"command": "id"})
 
 
+MALFORMED = [  # (endpoint, body, the field the answer must name)
+    ("exec", {"command": "id", "timeout_s": float("nan")}, "timeout_s"),
+    ("exec", {"command": "id", "timeout_s": float("inf")}, "timeout_s"),
+    ("exec", {"command": "id", "timeout_s": -1}, "timeout_s"),
+    ("exec", {"command": "id", "timeout_s": 0}, "timeout_s"),
+    ("exec", {"command": "id", "timeout_s": True}, "timeout_s"),
+    ("exec", {"command": "id", "timeout_s": "5"}, "timeout_s"),
+    ("exec", {"command": "echo \x00", "timeout_s": 5}, "command"),
+    ("exec", {"command": 3}, "command"),
+    ("exec", {"timeout_s": 5}, "command"),
+    ("read", {"path": "a\x00b"}, "path"),
+    ("read", {"path": ["a"]}, "path"),
+    ("write", {"path": "a\x00b", "data_b64": ""}, "path"),
+    ("write", {"path": "x.txt", "data_b64": "not base64!"}, "data_b64"),
+    ("write", {"path": "x.txt", "data_b64": "abc"}, "data_b64"),
+    ("write", {"path": "x.txt"}, "data_b64"),
+    ("start", {"spec": {"repo_dir": "/x\x00y"}}, "repo_dir"),
+    ("start", {"spec": {"repo_dir": "/x", "workdir": 5}}, "workdir"),
+    ("start", {"spec": {"repo_dir": "/x", "workdir": "testbed"}}, "workdir"),
+    ("start", {"spec": {"repo_dir": "/x", "env": {"A": 1}}}, "env"),
+    ("start", {"spec": {"repo_dir": "/x", "env": ["A"]}}, "env"),
+    ("start", {"spec": {"repo_dir": "/x", "env_dir": 1}}, "env_dir"),
+    ("start", {"spec": {"repo_dir": "/x", "image": "a\x00"}}, "image"),
+    ("start", {"spec": "repo"}, "spec"),
+]
+
+
+def test_every_malformed_request_field_is_a_400_naming_it(server, repo):
+    """A NUL path, bad base64 or a NaN timeout were answered 500, timeout_s=-1 restarted the sandbox's shell and
+    Infinity ran unbounded; every malformed field is now refused with 400 naming it, and the sandbox is untouched."""
+    with server.client() as client, client.sandbox(SandboxSpec(repo_dir=str(repo))) as sb:
+        sb.exec("export MARK=kept; cd pkg")
+        for endpoint, body, field in MALFORMED:
+            path = "/v1/sandboxes" if endpoint == "start" else f"/v1/sandboxes/{sb.id}/{endpoint}"
+            with pytest.raises(SandboxError) as info:
+                client.request("POST", path, body)
+            assert "(HTTP 400)" in str(info.value) and field in str(info.value), (endpoint, body, info.value)
+        assert sb.exec("echo $MARK; pwd").output == b"kept\n/testbed/pkg\n"  # same shell, not restarted
+        assert client.health()["running"] == 1
+
+
 def test_sandboxes_stop_when_their_client_process_dies(server, repo):
     script = textwrap.dedent(
         f"""
@@ -203,3 +244,7 @@ def test_the_command_refuses_a_bad_setup(tmp_path, capsys, monkeypatch):
     token.chmod(0o600)
     assert main(["sandbox-server", "--token-file", str(token), "--backend", "local"]) == 2
     assert "allow_local=true" in capsys.readouterr().err
+    for bad in (["--max-concurrent", "0"], ["--port", "-1"], ["--port", "70000"]):
+        assert main(["sandbox-server", "--token-file", str(token), *bad]) == 2
+        err = capsys.readouterr().err
+        assert bad[0].removeprefix("--").replace("-", "_") in err.replace("-", "_") and err.count("\n") == 1, err
