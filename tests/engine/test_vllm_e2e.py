@@ -10,7 +10,7 @@ from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.agent.tokens import ChatFormat, check_provenance
 from swe_megatron.config.schema import AgentConfig, EngineConfig, ModelConfig, SamplingConfig
 from swe_megatron.engine.hf import save_tiny_checkpoint, tiny_qwen2
-from swe_megatron.engine.vllm import VllmEngine
+from swe_megatron.engine.vllm import VllmEngine, post_json
 from swe_megatron.engine.vllm_server import VllmServer
 from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.rollout.rollouts import GradeOutcome, RolloutSetup, run_rollouts
@@ -59,7 +59,9 @@ def test_sampled_logprobs_match_the_model_and_reload_swaps_weights(server, chat,
     ref = teacher_forced_logprobs(tiny_qwen2(TINY, seed=0), prompt, gen.token_ids)
     assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
     new_dir = save_tiny_checkpoint(TINY, tmp_path / "new", seed=1)
-    engine.reload_weights(str(new_dir))
+    engine.reload_weights(str(new_dir))  # raises unless the server confirms its prefix cache is empty
+    # The reply that check reads, from the real server (idle now, so the reset succeeds at once).
+    assert post_json(f"{server.url}/reset_prefix_cache", {}, 30) == {"success": True}
     gen = engine.generate(prompt, 16, session="s")
     ref = teacher_forced_logprobs(tiny_qwen2(TINY, seed=1), prompt, gen.token_ids)
     assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
