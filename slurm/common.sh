@@ -25,6 +25,8 @@
 #                         to SWE_MEGATRON_REPO)
 #   SWE_MEGATRON_IMAGE    trainer Apptainer image (containers/trainer.def); empty: run from SWE_MEGATRON_PYTHON
 #   SWE_MEGATRON_BINDS    extra comma-separated bind paths for the image (shared filesystems, data, SIF folder)
+#   HF_HUB_CACHE, HF_HOME the Hugging Face cache holding model.hf_path when it is a hub id (filled beforehand:
+#                         nodes are offline); bound into the image
 #   SWE_MEGATRON_PYTHON   Python with this package installed (default REPO/.venv/bin/python, else python3)
 #   SWE_MEGATRON_REQUEUE  1 (default): requeue this job after a USR2 stop; 0: leave it to the caller (submitit)
 #   SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS   sbatch's own variables (or -p/-A/-q on the command line)
@@ -44,7 +46,9 @@ _sm_setup() {
   if [[ -n ${SWE_MEGATRON_IMAGE:-} ]]; then
     [[ -f $SWE_MEGATRON_IMAGE ]] || _sm_die "SWE_MEGATRON_IMAGE=$SWE_MEGATRON_IMAGE does not exist; build it with containers/trainer.def (see containers/README.md)"
     command -v apptainer >/dev/null || _sm_die "SWE_MEGATRON_IMAGE is set but apptainer is not on PATH (module load apptainer?)"
-    local binds=$REPO${SWE_MEGATRON_BINDS:+,$SWE_MEGATRON_BINDS}
+    local binds=$REPO${SWE_MEGATRON_BINDS:+,$SWE_MEGATRON_BINDS} d
+    # The Hugging Face cache that a hub id in model.hf_path resolves in (offline; swe_megatron/model/hub.py).
+    for d in ${HF_HUB_CACHE:-} ${HF_HOME:-}; do [[ -d $d ]] && binds+=,$d; done
     SM=(apptainer exec --nv --bind "$binds" --pwd "$REPO" --env "PYTHONPATH=$REPO" "$SWE_MEGATRON_IMAGE" python -m swe_megatron.cli)
   else
     local py=${SWE_MEGATRON_PYTHON:-}

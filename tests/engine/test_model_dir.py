@@ -117,3 +117,19 @@ def test_engine_folder_has_the_trainers_config_not_the_base_models(tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="does not exist"):
         engine_model_dir(YARN, tmp_path / "engine", tmp_path / "nowhere")
+
+
+def test_slurm_jobs_bind_the_hugging_face_cache_into_the_image(tmp_path):
+    """slurm/common.sh runs every step (engine, trainer) in the image with HF_HUB_CACHE / HF_HOME bound."""
+    repo = Path(__file__).resolve().parents[2]
+    image, hub = tmp_path / "trainer.sif", tmp_path / "hub"
+    image.touch()
+    hub.mkdir()
+    fake = repo / "tests" / "fake_apptainer"
+    env = {**offline_env(hub), "SLURM_JOB_ID": "1", "SWE_MEGATRON_REPO": str(repo),
+           "SWE_MEGATRON_IMAGE": str(image), "PATH": f"{fake}:{os.environ['PATH']}"}  # fmt: skip
+    out = subprocess.run(
+        ["bash", "-c", 'source slurm/common.sh && _sm_setup && printf "%s\\n" "${SM[@]}"'],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert out[out.index("--bind") + 1] == f"{repo},{hub}"
