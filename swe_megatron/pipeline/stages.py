@@ -11,6 +11,7 @@ Every trainer rank runs every unit (pipeline/spmd.py): rank 0 alone rolls out an
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -66,28 +67,34 @@ class Context:
 
 
 # --- trainer and checkpoints ---------------------------------------------------------------------------
-def _new_trainer(ctx: Context, stage_name: str, total_steps: int, from_hf: str | None):
-    from safetensors.torch import load_file
-
+def _new_trainer(
+    ctx: Context, stage_name: str, total_steps: int, from_hf: str | None, initialize: bool = True
+):
+    """A Trainer for stage_name: from the HF folder from_hf (read tensor by tensor, as this rank needs them),
+    else randomly initialised, or with initialize=False not initialised (a checkpoint is loaded next)."""
+    from swe_megatron.train.hf_convert import HFCheckpoint
     from swe_megatron.train.step import Trainer
 
     stage = getattr(ctx.cfg, stage_name) if stage_name != "init" else ctx.cfg.rft
-    hf_state = None
-    if from_hf is not None:
-        hf_state = {}
-        for f in sorted(Path(from_hf).glob("*.safetensors")):
-            hf_state.update(load_file(str(f)))
-    return Trainer(ctx.cfg.model, ctx.cfg.parallel, stage.optim, max(total_steps, 1), hf_state=hf_state)
+    hf_state = HFCheckpoint(from_hf) if from_hf is not None else None
+    return Trainer(ctx.cfg.model, ctx.cfg.parallel, stage.optim, max(total_steps, 1), hf_state=hf_state,
+                   wait_group=ctx.world.group, initialize=initialize)  # fmt: skip
 
 
 def trainer_for(ctx: Context, stage_name: str, total_steps: int):
     """The trainer of a stage: kept while the stage runs, resumed from its checkpoint (weights + optimiser)
-    after a restart, or started with a fresh optimiser from the previous stage's weights."""
+    after a restart, or started with a fresh optimiser from the previous stage's weights. The previous
+    trainer (model, optimiser, DDP buffers) is freed first: at scale two do not fit at once."""
     if ctx.trainer is not None and ctx.trainer_stage == stage_name:
         return ctx.trainer
+    if ctx.trainer is not None:
+        ctx.trainer = None
+        gc.collect()  # a trainer holds reference cycles (its model config points back at the DDP wrapper)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     ckpt = ctx.run.checkpoint
     if ckpt and ckpt.get("stage") == stage_name:
-        ctx.trainer = _new_trainer(ctx, stage_name, total_steps, None)
+        ctx.trainer = _new_trainer(ctx, stage_name, total_steps, None, initialize=False)
         ctx.trainer.load(str(ctx.run.root / ckpt["path"] / "dist"))
     else:
         ctx.trainer = _new_trainer(ctx, stage_name, total_steps, ctx.hf_dir)
@@ -100,8 +107,9 @@ def initial_policy(ctx: Context) -> None:
     if ctx.run.is_done("init"):
         return
     ckpt = ctx.world.lead(ctx.run.checkpoint_dir, "init")
-    trainer = _new_trainer(ctx, "init", 1, ctx.cfg.model.hf_path)
-    trainer.export(str(ckpt / "hf"), extra_files=ctx.tokenizer_files)
+    # Kept in ctx (for no stage) so that the first stage's trainer_for frees it before building its own.
+    ctx.trainer, ctx.trainer_stage = _new_trainer(ctx, "init", 1, ctx.cfg.model.hf_path), None
+    ctx.trainer.export(str(ckpt / "hf"), extra_files=ctx.tokenizer_files)
     _commit(ctx, "init", {"unit": "init", "path": "checkpoints/init", "stage": None}, train_step=False)
 
 

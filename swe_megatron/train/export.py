@@ -1,7 +1,8 @@
 """Hugging Face safetensors export of the trainer's weights, for vLLM reloads and transformers.
 
-Sharded: each pipeline stage's TP-rank-0 / DP-rank-0 process writes the full (TP-gathered) tensors of
-its own layers, split into files of at most `max_shard_bytes`; no rank ever holds the whole model.
+Sharded and streamed: in one model replica, each pipeline stage's TP-rank-0 process receives the full
+(TP-gathered) tensors of its own layers one parameter at a time and writes them into files of at most
+`max_shard_bytes` as they come; no rank ever holds the whole model, the writers one shard at most.
 Atomic: everything is written into `<out>.tmp`, global rank 0 adds `model.safetensors.index.json`
 and `config.json`, then swaps the folder into place with renames, so a reader sees the old export or
 the new one, never a half-written one.
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from swe_megatron.config.schema import ModelConfig, max_positions
-from swe_megatron.train.hf_convert import hf_state_of_stage
+from swe_megatron.train.hf_convert import iter_hf_of_stage
 
 _HF_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -74,25 +75,38 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
     return out
 
 
-def _write_stage(
-    state: dict[str, torch.Tensor], folder: Path, stage: int, max_shard_bytes: int
-) -> dict[str, str]:
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name in sorted(state):
-        t = state[name].contiguous()
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    where = {}
-    for k, shard in enumerate(shards):
-        fname = f"model-stage{stage:03d}-{k:05d}.safetensors"
+def _write_stage(tensors, folder: Path, stage: int, max_shard_bytes: int) -> tuple[dict[str, str], int]:
+    """Write (HF name, tensor) pairs as they come into files of at most `max_shard_bytes` (one tensor may
+    exceed it); only the shard being filled is held. Returns ({name: file}, bytes written)."""
+    where: dict[str, str] = {}
+    shard: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        fname = f"model-stage{stage:03d}-{len(set(where.values())):05d}.safetensors"
         save_file(shard, str(folder / fname), metadata={"format": "pt"})
         where.update(dict.fromkeys(shard, fname))
-    return where
+        shard.clear()
+
+    for name, t in tensors:
+        t = t.detach().to("cpu", copy=True).contiguous()
+        nbytes = t.numel() * t.element_size()
+        if shard and size + nbytes > max_shard_bytes:
+            flush()
+            size = 0
+        shard[name] = t
+        size += nbytes
+        total += nbytes
+    if shard:
+        flush()
+    return where, total
+
+
+def _named_for_export(tensors, cfg: ModelConfig, name_tied_lm_head: bool):
+    for name, t in tensors:
+        yield name, t
+        if name_tied_lm_head and cfg.tie_word_embeddings and name == "model.embed_tokens.weight":
+            yield "lm_head.weight", t
 
 
 def export_hf(
@@ -105,13 +119,19 @@ def export_hf(
     max_shard_bytes: int = 4 << 30,
     extra_files: list[str | os.PathLike] = (),
     name_tied_lm_head: bool = False,
+    wait_group=None,
 ) -> ExportReport:
     """Write this model (a GPTModel stage on every rank) as a HF checkpoint folder `out`; all ranks call it.
 
-    extra_files (tokenizer files, generation config) are copied in by global rank 0. name_tied_lm_head
-    also writes a tied model's `lm_head.weight` (a copy of the embedding): vLLM 0.32's in-place reload
-    otherwise leaves the tied LM head on its old tensor (its layerwise reload restores modules that the
-    checkpoint does not name), so weight syncs into running servers set it.
+    One model replica writes: the ranks with rank 0 in `dp_group` (pass the data x context parallel group
+    when context parallelism is on, so one context-parallel rank writes). In it each pipeline stage streams
+    its tensors, one parameter at a time, to its TP-rank-0, which writes them into shards as they come: no
+    rank holds a full copy of the weights, the writer at most one shard. extra_files (tokenizer files,
+    generation config) are copied in by global rank 0. name_tied_lm_head also writes a tied model's
+    `lm_head.weight` (a copy of the embedding): vLLM 0.32's in-place reload otherwise leaves the tied LM
+    head on its old tensor (its layerwise reload restores modules that the checkpoint does not name), so
+    weight syncs into running servers set it. wait_group: the group in which ranks wait for the writers
+    and rank 0 (a gloo group with a long timeout, see Trainer.wait_group; None: the default group).
     """
     start = time.perf_counter()
     out = Path(out)
@@ -120,16 +140,16 @@ def export_hf(
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier()
-    state = hf_state_of_stage(model, cfg, tp_group)
-    if name_tied_lm_head and cfg.tie_word_embeddings and "model.embed_tokens.weight" in state:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
-    writer = _rank(tp_group) == 0 and _rank(dp_group) == 0
-    where = _write_stage(state, tmp, _rank(pp_group), max_shard_bytes) if writer else {}
-    nbytes = sum(t.numel() * t.element_size() for t in state.values()) if writer else 0
+    _barrier(wait_group)
+    where, nbytes = {}, 0
+    if _rank(dp_group) == 0:  # the other replicas hold the same weights
+        tensors = iter_hf_of_stage(model, cfg, tp_group, dst=0)
+        where, nbytes = _write_stage(
+            _named_for_export(tensors, cfg, name_tied_lm_head), tmp, _rank(pp_group), max_shard_bytes
+        )
     maps = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
     if dist.is_initialized():
-        dist.all_gather_object(maps, (where, nbytes))
+        dist.all_gather_object(maps, (where, nbytes), group=wait_group)
     else:
         maps = [(where, nbytes)]
     weight_map = {k: v for m, _ in maps for k, v in m.items()}
@@ -149,7 +169,7 @@ def export_hf(
             out.rename(old)
         tmp.rename(out)
         shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    _barrier(wait_group)
     return ExportReport(str(out), time.perf_counter() - start, total, len(set(weight_map.values())))
 
 
@@ -157,6 +177,6 @@ def _rank(group) -> int:
     return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
 
 
-def _barrier() -> None:
+def _barrier(group) -> None:
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=group)

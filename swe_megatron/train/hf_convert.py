@@ -185,6 +185,9 @@ class HFCheckpoint(Mapping):
         with safe_open(str(self.folder / self._where[key]), "pt") as h:
             return h.get_tensor(key)
 
+    def __contains__(self, key) -> bool:
+        return key in self._where  # without reading the tensor (Mapping's default would)
+
     def __iter__(self):
         return iter(self._where)
 
@@ -212,26 +215,33 @@ def load_hf_state(
         param.copy_(shard.to(param.dtype))
 
 
-def iter_hf_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False):
+def iter_hf_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False, dst: int | None = None):
     """Yield (HF name, full tensor) for the layers this pipeline stage holds, one Megatron parameter at a time.
 
     The tensors stay on the parameters' device and are gathered over `tp_group` as they are produced, so a
-    consumer that streams them (weight sync over NCCL) never holds more than one parameter's worth. Every
-    rank of the TP group must drive the generator to the end, in lockstep. Tied output weights are yielded
-    once (embed_tokens). grads=True gives the gradients (Megatron DDP's `main_grad`) under the same names.
+    consumer that streams them (export, weight sync) never holds more than one parameter's worth. Every
+    rank of the TP group must drive the generator to the end, in lockstep. dst=None: every rank gathers and
+    gets every tensor; dst=r: only TP-group rank r gathers them (the others send their shards and yield
+    nothing), so no other rank ever holds a full tensor. Tied output weights are yielded once
+    (embed_tokens). grads=True gives the gradients (Megatron DDP's `main_grad`) under the same names.
     """
     tp = dist.get_world_size(tp_group) if tp_group is not None else 1
+    receiver = dst is None or tp == 1 or dist.get_rank(tp_group) == dst
     with torch.no_grad():
         for _, param, layer, name in _params(model):
             if name == "output_layer.weight" and cfg.tie_word_embeddings:
                 continue
             local = (param.main_grad if grads else param).detach()
             if tp > 1 and getattr(param, "tensor_model_parallel", False):
-                shards = [torch.empty_like(local) for _ in range(tp)]
-                dist.all_gather(shards, local.contiguous(), group=tp_group)
+                shards = [torch.empty_like(local) for _ in range(tp)] if receiver else None
+                if dst is None:
+                    dist.all_gather(shards, local.contiguous(), group=tp_group)
+                else:
+                    dist.gather(local.contiguous(), shards, group_dst=dst, group=tp_group)
             else:
                 shards = [local] * tp
-            yield from hf_from_megatron_shards(name, shards, cfg, layer).items()
+            if receiver:
+                yield from hf_from_megatron_shards(name, shards, cfg, layer).items()
 
 
 def hf_state_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False) -> dict[str, torch.Tensor]:

@@ -107,8 +107,12 @@ def _have_fused_softmax() -> bool:
     )
 
 
-def transformer_config(model: ModelConfig, parallel: ParallelConfig):
-    """Megatron-Core TransformerConfig for `model` laid out as `parallel`."""
+def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize: bool = True):
+    """Megatron-Core TransformerConfig for `model` laid out as `parallel`.
+
+    initialize=False: parameters are allocated but not initialised (weights will be loaded), on the GPU
+    directly when there is one (no host copy of the stage, no full fp32 master weight per rank).
+    """
     from megatron.core.transformer import TransformerConfig
 
     if model.architecture not in ("qwen2", "llama"):
@@ -148,8 +152,11 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         pipeline_model_parallel_size=parallel.pipeline_parallel,
         context_parallel_size=parallel.context_parallel,
         sequence_parallel=parallel.sequence_parallel,
-        # Same seed -> same full weights for every TP size, which makes layouts comparable.
-        use_cpu_initialization=True,
+        # Random init: same seed -> same full weights for every TP size, which makes layouts comparable (each
+        # rank builds every full weight in fp32 on the host and keeps its slice). Weights to be loaded skip
+        # that: at 72B it is a host copy of each rank's stage plus full fp32 masters, thrown away by the load.
+        perform_initialization=initialize,
+        use_cpu_initialization=initialize or not on_gpu,
         gradient_accumulation_fusion=False,
         # Local-spec attention's fused softmax imports Megatron's legacy kernels, which neither the
         # megatron-core wheel nor Transformer Engine ships: fuse only where they are installed.
@@ -183,16 +190,22 @@ def layer_spec(parallel: ParallelConfig):
 
 
 def build_model(
-    model: ModelConfig, parallel: ParallelConfig, pre_process: bool = True, post_process: bool = True
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    pre_process: bool = True,
+    post_process: bool = True,
+    initialize: bool = True,
 ):
     """A GPTModel for this rank's pipeline stage (pre/post_process: first/last stage).
+
+    initialize=False leaves the parameters uninitialised, for a caller that loads weights next.
 
     Model-parallel state must be initialised (`parallel.init_model_parallel`) so TP/PP shard shapes and
     the RNG tracker are known. On a CUDA machine the model ends up on the current device.
     """
     from megatron.core.models.gpt import GPTModel
 
-    cfg = transformer_config(model, parallel)
+    cfg = transformer_config(model, parallel, initialize)
     yarn = model.rope_scaling.type == "yarn"
     module = GPTModel(
         config=cfg,
@@ -207,6 +220,6 @@ def build_model(
         rotary_base=model.rope_theta,
     )
     if torch.cuda.is_available():
-        # use_cpu_initialization builds the shards on the CPU (same weights for any TP); train on the GPU.
+        # A random init is built on the CPU (same weights for any TP); train on the GPU.
         module.cuda(torch.cuda.current_device())
     return module

@@ -95,7 +95,11 @@ class Trainer:
     """A Megatron-Core policy with its optimiser and LR schedule, for this rank's part of the layout.
 
     total_steps: optimiser steps of the whole stage (the cosine schedule's length). hf_state: HF-named
-    weights to start from, e.g. `hf_convert.HFCheckpoint(folder)` (read on demand); None keeps the random init.
+    weights to start from, e.g. `hf_convert.HFCheckpoint(folder)` (read on demand); None: a random init, or
+    with initialize=False none at all (the caller `load`s a checkpoint next). wait_group: the process group
+    in which ranks wait while a few of them do slow work (export writers, rank 0's engine reloads): the
+    driver's gloo group with parallel.driver_timeout_s (pipeline/spmd.py World.group), not the default
+    group with its collective timeout (on GPUs, NCCL's watchdog); None: the default group.
     """
 
     def __init__(
@@ -105,12 +109,15 @@ class Trainer:
         optim_cfg: OptimConfig,
         total_steps: int,
         hf_state: Mapping[str, torch.Tensor] | None = None,
+        wait_group=None,
+        initialize: bool = True,
     ):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         self.model_cfg, self.parallel_cfg, self.optim_cfg = model_cfg, parallel_cfg, optim_cfg
+        self.wait_group = wait_group
         self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         self.tp_group, self.dp_group, self.pp_group = (
             ps.get_tensor_model_parallel_group(),
@@ -124,7 +131,8 @@ class Trainer:
         # Batches and metric reductions live where the model does (NCCL reduces only CUDA tensors).
         on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        module = build_model(model_cfg, parallel_cfg, self.first_stage, self.last_stage)
+        initialize = initialize and hf_state is None  # weights about to be loaded need no random init
+        module = build_model(model_cfg, parallel_cfg, self.first_stage, self.last_stage, initialize)
         if hf_state is not None:
             hf_convert.load_hf_state(
                 module, hf_state, model_cfg, ps.get_tensor_model_parallel_rank(), parallel_cfg.tensor_parallel
@@ -329,9 +337,10 @@ class Trainer:
             out,
             self.tp_group,
             self.pp_group,
-            self.dp_group,
+            self.dp_cp_group,  # one writer per model replica, also with context parallelism
             extra_files=extra_files,
             name_tied_lm_head=name_tied_lm_head,
+            wait_group=self.wait_group,
         )
 
     # --- checkpoints ---------------------------------------------------------------------------
@@ -360,7 +369,7 @@ class Trainer:
         dist_checkpointing.save(state, path)
         if dist.get_rank() == 0:
             torch.save({"steps_done": self.steps_done, "has_optimizer": has_optimizer}, f"{path}/trainer.pt")
-        dist.barrier()
+        dist.barrier(group=self.wait_group)
 
     def load(self, path: str) -> None:
         """Restore a checkpoint written by `save`, whatever layout it was saved from."""

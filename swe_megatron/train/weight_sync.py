@@ -76,6 +76,7 @@ def sync_through_files(trainer, out_dir: str, engine=None, extra_files=()) -> Sy
     """Export the trainer's weights to `out_dir` and have `engine`'s servers reload them; all ranks call it.
 
     engine: an Engine with `reload_weights(path)` (e.g. VllmEngine), held by global rank 0 (None elsewhere).
+    The other ranks wait for rank 0's reload in `trainer.wait_group` (the driver's gloo group, long timeout).
     """
     export = trainer.export(out_dir, extra_files=extra_files, name_tied_lm_head=True)
     start = time.perf_counter()
@@ -83,7 +84,7 @@ def sync_through_files(trainer, out_dir: str, engine=None, extra_files=()) -> Sy
         engine.reload_weights(export.path)
     reload_s = time.perf_counter() - start
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=trainer.wait_group)
     return SyncReport("file", export.seconds, reload_s, export.bytes)
 
 
@@ -166,7 +167,7 @@ class BroadcastWeightSync:
         from swe_megatron.train.hf_convert import iter_hf_of_stage
 
         t = self.trainer
-        for name, tensor in iter_hf_of_stage(t.model.module, t.model_cfg, t.tp_group):
+        for name, tensor in iter_hf_of_stage(t.model.module, t.model_cfg, t.tp_group, dst=0):
             yield name, tensor
             if name == "model.embed_tokens.weight" and t.model_cfg.tie_word_embeddings:
                 yield "lm_head.weight", tensor  # name the tied head too (see export_hf's name_tied_lm_head)
@@ -230,8 +231,8 @@ class BroadcastWeightSync:
             for _, tensor in self._local_tensors():
                 if self.is_stage_sender:
                     dist.send(tensor.contiguous(), dst=0)
-        if dist.is_initialized():
-            dist.barrier()
+        if dist.is_initialized():  # the others wait for rank 0's broadcast to the servers on the driver group
+            dist.barrier(group=self.trainer.wait_group)
         return SyncReport("nccl", 0.0, time.perf_counter() - start, nbytes)
 
     def _stream_to_rank0(self):

@@ -167,3 +167,100 @@ def layouts(rank, model_cfg, hf_state, samples, num_steps, ckpt):
             export=f"{ckpt}/export-{name}",
         )
     return out
+
+
+def _host_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def peak_host_bytes(fn, *args):
+    """(fn(*args), how far this process's resident memory rose above its start during the call)."""
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    start = _host_bytes("VmRSS")
+    result = fn(*args)
+    return result, _host_bytes("VmHWM") - start
+
+
+def export_memory(rank, model_cfg, par: ParallelConfig, out: str, max_shard_bytes: int) -> dict:
+    """Build `par`'s model stage (no optimiser) and export it; the report and the export's peak host bytes."""
+    from megatron.core import parallel_state as ps
+
+    from swe_megatron.train.export import export_hf
+    from swe_megatron.train.model import build_model
+
+    parallel.init_model_parallel(par, seed=1)
+    module = build_model(model_cfg, par)
+    groups = (ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group())
+    report, peak = peak_host_bytes(
+        export_hf, module, model_cfg, out, *groups, ps.get_data_parallel_group(), max_shard_bytes
+    )
+    return {"report": report, "peak": peak, "tp_rank": ps.get_tensor_model_parallel_rank()}
+
+
+def export_with_context_parallel(rank, model_cfg, out: str) -> dict:
+    """A Trainer on 2 ranks laid out as context_parallel=2 exports; what its report says.
+
+    CPU runs refuse CP (its attention needs Transformer Engine), so the groups are made directly and the
+    model is built with CP=1 shapes (CP does not change parameter shapes): only the export's choice of
+    writer is exercised, which is all this needs.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    from swe_megatron.train.step import Trainer
+
+    ps.initialize_model_parallel(context_parallel_size=2)
+    tensor_parallel.model_parallel_cuda_manual_seed(1, force_reset_rng=True)
+    trainer = Trainer(model_cfg, ParallelConfig(), OPTIM, total_steps=1)
+    report = trainer.export(out)
+    return {"report": report, "cp_rank": ps.get_context_parallel_rank()}
+
+
+def build_memory(rank, model_cfg, par: ParallelConfig, initialize: bool) -> dict:
+    """Peak host bytes of building `par`'s model stage with or without its random init; its own bytes."""
+    from swe_megatron.train.model import build_model
+
+    parallel.init_model_parallel(par, seed=1)
+    module, peak = peak_host_bytes(build_model, model_cfg, par, True, True, initialize)
+    own = sum(p.numel() * p.element_size() for p in module.parameters())
+    return {"peak": peak, "own": own, "perform_initialization": module.config.perform_initialization}
+
+
+class SlowEngine:
+    """An engine whose weight reload takes `seconds` (a 72B reload takes minutes): what the others wait for."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.reloaded = seconds, []
+
+    def reload_weights(self, path: str) -> None:
+        """Wait, then record the folder."""
+        import time
+
+        time.sleep(self.seconds)
+        self.reloaded.append(path)
+
+
+def sync_with_slow_reload(rank, model_cfg, out: str, port: int, collective_timeout_s: float, reload_s: float):
+    """The file weight sync on 2 DP ranks whose default group times out after collective_timeout_s (as NCCL's
+    watchdog would), while rank 0's engines take reload_s to reload; the driver group waits long enough."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from swe_megatron.train.step import Trainer
+    from swe_megatron.train.weight_sync import sync_through_files
+
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=collective_timeout_s))  # fmt: skip
+    par = ParallelConfig()
+    parallel.init_model_parallel(par, seed=1)
+    driver_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=10 * reload_s))
+    trainer = Trainer(model_cfg, par, OPTIM, total_steps=1, wait_group=driver_group)
+    engine = SlowEngine(reload_s) if rank == 0 else None
+    report = sync_through_files(trainer, out, engine)
+    trainer.save(f"{out}-dist")
+    return {"reloaded": engine.reloaded if engine else None, "reload_s": report.reload_s}

@@ -150,3 +150,18 @@ def test_a_data_parallel_rank_without_samples_still_joins_the_step(tmp_path, meg
     results = run_ranks(train_and_capture, 2, tmp_path, CFG, par, HF.state_dict(), samples, 2, timeout_s=240)
     for rank in (0, 1):
         assert_same_run(results[rank], ref, f"dp2 with an empty rank, rank {rank}")
+
+
+@pytest.mark.dist
+def test_ranks_wait_for_rank_zeros_engine_reload_on_the_driver_group(tmp_path):
+    """Rank 0 reloads the engines (minutes at 72B) while the others wait: on the driver's gloo group with its
+    long timeout, not on the default group, whose timeout (NCCL's watchdog on GPUs) is shorter."""
+    from swe_megatron.train import parallel
+
+    from ._workers import sync_with_slow_reload
+
+    out = str(tmp_path / "hf")
+    r0, r1 = run_ranks(sync_with_slow_reload, 2, tmp_path / "ranks", CFG, out, parallel.free_port(), 5.0, 12.0,
+                       timeout_s=300)  # fmt: skip
+    assert r0["reloaded"] == [out] and r1["reloaded"] is None
+    assert r0["reload_s"] >= 12.0
