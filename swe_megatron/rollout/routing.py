@@ -36,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from swe_megatron.engine.base import EngineError, Generation
 from swe_megatron.errors import UsageError
@@ -468,11 +469,18 @@ class RoutedEngine:
             self.engines[i].end_session(session)
 
     def reload_weights(self, path: str) -> None:
-        """Every live server reloads from path; one that fails is dropped (it would serve stale weights)."""
-        for i in self.rotation.live:
+        """Every live server reloads from path, all at once; one that fails is dropped (it would serve stale
+        weights)."""
+
+        def reload(i: int) -> None:
             t = time.perf_counter()
             try:
                 self.engines[i].reload_weights(path)
             except EngineError as e:
                 self.rotation.drop(i, f"weight reload failed after {time.perf_counter() - t:.1f} s: {e}")
+
+        live = self.rotation.live
+        if live:
+            with ThreadPoolExecutor(len(live)) as pool:
+                list(pool.map(reload, live))
         check_servers(self)

@@ -160,3 +160,19 @@ def test_engine_death_mid_iteration_retries_episodes_on_the_other_server(tmp_pat
     assert list(eng.rotation.dead) == [0] and a.completions >= 3
     assert b.completions == 8 - 2  # every episode but the two a finished before it died
     check_servers(eng)  # b is left: the iteration stands
+
+
+def test_weight_reload_runs_on_every_server_at_once(stubs):
+    """At 72B a reload takes minutes per server: the servers reload in parallel, not one after another."""
+    servers = stubs(3, delay_s=0.5)
+
+    def reload_time(urls):
+        eng = routed(urls)
+        t = time.perf_counter()
+        eng.reload_weights("/ckpt/1")
+        return time.perf_counter() - t
+
+    one, three = reload_time([servers[0].url]), reload_time([s.url for s in servers])
+    print(f"reload: one server {one:.2f} s, three servers {three:.2f} s")
+    assert all("/collective_rpc" in s.paths for s in servers)
+    assert three < 1.6 * one
