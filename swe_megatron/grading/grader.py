@@ -6,15 +6,24 @@
 The decision is swebench's own (`get_eval_report` with the task's log parser) on a log whose markers the
 harness writes; for pytest tasks the harness's record of the run (pytest_record.py) must agree.
 
-What counts as what (design.md invariant 4):
+The code under test runs inside the pytest process that prints the log and keeps the record, so it can
+rewrite both (docs/security.md). What the patch cannot know is the harness's canaries: two tests with
+random names, appended at grading time to a test file the run collects, one that must pass and one that
+must fail (it compares two random tokens). Any canary reported wrong in the log or the record makes the
+run unresolved; when the run otherwise claimed success, or the must-fail canary came out passing, the
+result is flagged `tampered` (a blanket rewrite of outcomes turns the failing canary into a pass; a
+forged record or log lacks the canaries or gets them wrong).
+
+What counts as what (design.md invariant 4; the excluded kinds are the Excluded enum):
 - error (excluded, never a 0): the sandbox failed (SandboxError), a harness step timed out, the task
   cannot be graded (no test command, the test patch does not apply), or a bug in the harness. The
   sanitiser keeps the patch away from everything the harness steps before the tests depend on (test
   files and their folders, .git), so a patch cannot steer grading into this bucket; during the tests
   the sandbox's limits end runaway code with an ordinary exit, not a SandboxError (invariant 7).
 - unresolved (reward 0): the patch did not apply; the tests failed; the test process was killed or
-  ended before pytest finished; the printed results disagree with the harness record; the tests ran
-  past the test timeout. A suite that only hangs because of the patch must not be excluded as
+  ended before pytest finished; the printed results disagree with the harness record; a canary came out
+  wrong; the tests ran past the test timeout, or the eval script was held past it (its `timeout` or shell
+  stopped or traced by the patch). A suite that only hangs because of the patch must not be excluded as
   "infrastructure", or hanging becomes a way to dodge a 0 on hard tasks; the timeout is generous
   (sandbox.grade_timeout_s, minutes against suites of seconds) so load alone does not reach it.
 - empty_patch (reward 0): nothing left to apply after sanitising, or the patch did not parse.
@@ -26,12 +35,14 @@ import json
 import os
 import re
 import secrets
+import shlex
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +65,29 @@ GRADE_DIR = ".git/swe_megatron_grade"
 _PLUGIN_SOURCE = Path(__file__).with_name("pytest_record.py")
 
 
+class Excluded(str, Enum):
+    """The only grading failures that are excluded (status error, reward None) instead of scored: each
+    happens before the model's code runs or outside the sandbox, so no patch can cause one. Everything
+    after the tests start (a killed, stopped or traced `timeout` or shell, missing or forged output,
+    undecodable bytes, a hang) is the patch's outcome: unresolved, reward 0."""
+
+    TASK = "task"
+    """The task cannot be graded: no repository or test command, an unknown parser, a test patch that
+    does not apply (the sanitiser keeps the patch off test files, so this is the task's fault)."""
+    SANDBOX = "sandbox"
+    """The sandbox itself failed (SandboxError: it did not start, its server or shell died)."""
+    HARNESS_STEP = "harness_step"
+    """A harness step before the tests (apply, restore, canaries, setup) timed out or could not run."""
+    HARNESS_BUG = "harness_bug"
+    """An exception in the grader's own code."""
+
+
 class GradingInfraError(Exception):
     """A grading step outside the model's control failed: the result is an error, never a 0."""
+
+    def __init__(self, message: str, kind: Excluded = Excluded.HARNESS_STEP):
+        super().__init__(message)
+        self.kind = kind
 
 
 class TaskGradingError(ValueError):
@@ -78,6 +110,10 @@ class GradeResult:
     """Edits the sanitiser removed from the patch."""
     suspicious: list[str] = field(default_factory=list)
     """Kept added lines that mention the test runner or os._exit (reported, not acted on)."""
+    excluded: str = ""
+    """For errors, which Excluded failure it is (empty otherwise)."""
+    tampered: str = ""
+    """Why the run's own reports are not trusted (a canary test came out wrong); empty when they are."""
     applied_with: str | None = None
     """The apply command that worked."""
     log_path: str | None = None
@@ -128,6 +164,9 @@ class TaskGrading:
     """Paths the model patch may not touch (the task's test files)."""
     existing_test_files: list[str]
     """Test-patch files that exist at base_commit (checked out before the test patch)."""
+    canary_file: str | None = None
+    """Test file the canaries are appended to (that of the first FAIL_TO_PASS/PASS_TO_PASS pytest id);
+    None where the run keeps no record or no test id names a .py file."""
 
 
 def task_grading(task: Task, base_dir: str | Path | None = None) -> TaskGrading:
@@ -168,15 +207,62 @@ def task_grading(task: Task, base_dir: str | Path | None = None) -> TaskGrading:
         ]
     except Exception as e:
         raise TaskGradingError(f"task {task.instance_id}: test_patch does not parse: {e}") from None
+    require_record = log_parser in PYTEST_PARSERS and extra.get("harness_record", True) is not False
+    files = [t.split("::", 1)[0] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS] if "::" in t]
     return TaskGrading(
         spec=SandboxSpec(repo_dir=repo_dir or "", env_dir=env_dir, image=image),
         test_cmd=test_cmd,
         log_parser=log_parser,
         eval_type=eval_type,
-        require_record=log_parser in PYTEST_PARSERS and extra.get("harness_record", True) is not False,
+        require_record=require_record,
         protected=protected,
         existing_test_files=sorted(set(existing)),
+        canary_file=files[0] if require_record and files and files[0].endswith(".py") else None,
     )
+
+
+CANARIES = True
+"""Append the canary tests (tests switch this off only to show what the canaries stop)."""
+
+
+@dataclass
+class Canaries:
+    """The canary tests of one grading: unguessable names and tokens, drawn fresh each time."""
+
+    file: str
+    """Test file (repository path) they are appended to."""
+    must_pass: str = field(default_factory=lambda: f"test_{secrets.token_hex(8)}")
+    """Name of the canary that passes (asserts a random token equals itself)."""
+    must_fail: str = field(default_factory=lambda: f"test_{secrets.token_hex(8)}")
+    """Name of the canary that fails (asserts two different random tokens are equal)."""
+
+    def source(self) -> str:
+        """The canary functions, appended at module level after the test file's own code."""
+        a, b = secrets.token_hex(16), secrets.token_hex(16)
+        return (
+            f"\n\n\ndef {self.must_pass}():\n    assert {a!r} == {a!r}\n"
+            f"\n\ndef {self.must_fail}():\n    assert {a!r} == {b!r}\n"
+        )
+
+    def expected(self) -> dict[str, str]:
+        """pytest node id -> the only outcome an untampered run reports."""
+        return {f"{self.file}::{self.must_pass}": "PASSED", f"{self.file}::{self.must_fail}": "FAILED"}
+
+
+def check_canaries(
+    canaries: Canaries, log_status: dict[str, str], record: dict[str, Any] | None
+) -> tuple[list[str], bool]:
+    """(the canary outcomes that are wrong, "source: id got X, expected Y"; whether a must-fail canary was
+    reported passing), from the log's parsed outcomes and the harness record."""
+    sources = {"log": log_status, "record": (record or {}).get("tests") or {}}
+    wrong, forged = [], False
+    for source, outcomes in sources.items():
+        for node, want in canaries.expected().items():
+            got = outcomes.get(node, "missing")
+            if got != want:
+                wrong.append(f"{source}: {node.rsplit('::', 1)[1]} {got}, expected {want}")
+                forged |= want == "FAILED" and got in ("PASSED", "XPASS")
+    return wrong, forged
 
 
 def grade_one(
@@ -211,7 +297,7 @@ def grade_one(
     try:
         tg = task_grading(task, base_dir)
     except TaskGradingError as e:
-        return done(ERROR, f"task cannot be graded: {e}")
+        return done(ERROR, f"task cannot be graded: {e}", excluded=Excluded.TASK.value)
     clean = sanitize_patch(patch, tg.protected)
     _write_text(logs / "model.patch", patch or "")
     _write_text(logs / "sanitized.patch", clean.patch)
@@ -231,12 +317,22 @@ def grade_one(
         if run.apply_failed:
             return done(UNRESOLVED, "patch did not apply", timings=run.timings, **common)
         resolved, tests_status, reason = decide(task, tg, run.log_path, run.record, clean.patch)
+        if run.canaries is not None:
+            wrong, forged = check_canaries(run.canaries, _log_status(task, tg, run.log_path), run.record)
+            if wrong and (resolved or forged):
+                common["tampered"] = "the harness's canary tests came out wrong: " + "; ".join(wrong)
+                reason = common["tampered"]
+            resolved = resolved and not wrong
     except (SandboxError, GradingInfraError) as e:
-        return done(ERROR, f"infrastructure: {e}", **common)
+        kind = e.kind if isinstance(e, GradingInfraError) else Excluded.SANDBOX
+        return done(ERROR, f"infrastructure: {e}", excluded=kind.value, **common)
     except Exception as e:  # a harness bug is not the model's failure either
         _write_text(logs / "harness_error.txt", traceback.format_exc())
-        return done(ERROR, f"infrastructure: grading crashed: {type(e).__name__}: {e}", **common)
-    if not resolved and run.timed_out:
+        reason = f"infrastructure: grading crashed: {type(e).__name__}: {e}"
+        return done(ERROR, reason, excluded=Excluded.HARNESS_BUG.value, **common)
+    if not resolved and run.held:
+        reason = "the eval script was held past its test timeout (its `timeout` or shell stopped or traced)"
+    elif not resolved and run.timed_out:
         reason = f"tests ran past the {test_timeout_s:.0f} s test timeout"
     return done(
         RESOLVED if resolved else UNRESOLVED,
@@ -287,7 +383,9 @@ class _Run:
     applied_with: str | None = None
     log_path: Path | None = None
     record: dict[str, Any] | None = None
+    canaries: Canaries | None = None
     timed_out: bool = False
+    held: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -349,7 +447,7 @@ def _run_in_sandbox(
             sandbox.write_file(f"{rel}/token", f"{d}/{record_name}".encode())
 
         if patch.strip():
-            sandbox.write_file(f"{rel}/model.diff", patch.encode())
+            sandbox.write_file(f"{rel}/model.diff", patch_bytes(patch))
             run.applied_with = _apply_model_patch(step, f"{d}/model.diff", _patch_paths(patch), apply_log)
             if run.applied_with is None:
                 run.apply_failed = True
@@ -370,8 +468,15 @@ def _run_in_sandbox(
         _write_text(logs / "apply.log", "".join(apply_log))
         if res.exit_code != 0:
             raise GradingInfraError(
-                f"the test patch did not apply (task broken?): {_text(res.output)[-400:]}"
+                f"the test patch did not apply (task broken?): {_text(res.output)[-400:]}", Excluded.TASK
             )
+        if CANARIES and tg.canary_file:
+            run.canaries = Canaries(tg.canary_file)
+            sandbox.write_file(f"{rel}/canary.py", run.canaries.source().encode())
+            target = shlex.quote(tg.canary_file)
+            res = step(f"test -f {target} && cat {d}/canary.py >> {target}", "appending the canary tests")
+            if res.exit_code != 0:
+                raise GradingInfraError(f"cannot append the canary tests to {tg.canary_file} (task broken?)")
 
         # The model's code runs from here on: what it leaves behind is its outcome, not an error.
         lap("apply")
@@ -379,9 +484,10 @@ def _run_in_sandbox(
             f"bash --noprofile --norc {d}/eval.sh",
             timeout_s=test_timeout_s + eval_script.KILL_AFTER_S + step_timeout_s,
         )
-        if res.timed_out:
-            raise GradingInfraError("the eval script outlived its test timeout (harness timeout)")
-        if res.exit_code in eval_script.SETUP_EXIT_CODES:  # it stopped before starting the tests
+        # Past the test timeout, its kill delay and a step's time, only the model's code holds the script
+        # (it stopped or traced `timeout` or the shell; the script itself runs builtins and `timeout`).
+        run.held = res.timed_out
+        if not res.timed_out and res.exit_code in eval_script.SETUP_EXIT_CODES:  # before the tests
             raise GradingInfraError(
                 f"the eval script could not set up (exit {res.exit_code}): {_text(res.output)[-400:]}"
             )
@@ -400,13 +506,26 @@ def _run_in_sandbox(
         lap("stop")
 
     code = _parse_int(exit_code)
-    run.timed_out = code in eval_script.TIMEOUT_EXIT_CODES and elapsed >= test_timeout_s * 0.95
+    run.timed_out = run.held or (code in eval_script.TIMEOUT_EXIT_CODES and elapsed >= test_timeout_s * 0.95)
     run.record = _parse_record(record_raw)
     if record_raw is not None:
         _write_bytes(logs / "record.json", record_raw)
     run.log_path = logs / "test_output.txt"
     _write_text(run.log_path, compose_log(_text(output), code, run.timed_out, _parse_int(cut)))
     return run
+
+
+def patch_bytes(patch: str) -> bytes:
+    """A patch's bytes: surrogate-escaped bytes (a diff of non-UTF-8 files decoded with surrogateescape, as
+    the ACI does) back to themselves, any other lone surrogate in its 3-byte form (surrogatepass). Every
+    str has bytes to grade, so text the agent wrote can never make grading an infrastructure error."""
+    try:
+        return patch.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return b"".join(
+            c.encode("utf-8", "surrogateescape" if 0xDC80 <= ord(c) <= 0xDCFF else "surrogatepass")
+            for c in patch
+        )
 
 
 def _apply_model_patch(
@@ -453,19 +572,7 @@ def decide(
 ) -> tuple[bool, dict[str, Any] | None, str]:
     """(resolved, swebench tests_status, reason) from the composed log and, for pytest, the harness record."""
     grading, _, _ = import_swebench_grading()
-    from swebench.types import TestSpec
-
-    spec = TestSpec(
-        instance_id=task.instance_id,
-        image="",
-        eval_script_list=[],
-        repo=task.repo,
-        version=task.version,
-        FAIL_TO_PASS=list(task.FAIL_TO_PASS),
-        PASS_TO_PASS=list(task.PASS_TO_PASS),
-        log_parser=tg.log_parser,
-        eval_type=tg.eval_type,
-    )
+    spec = _test_spec(task, tg)
     prediction = {"instance_id": task.instance_id, "model_name_or_path": "", "model_patch": model_patch or ""}
     report = grading.get_eval_report(spec, prediction, str(log_path), include_tests_status=True)[
         task.instance_id
@@ -487,6 +594,28 @@ def decide(
                 reason = veto
             resolved = False
     return resolved, tests_status, reason
+
+
+def _test_spec(task: Task, tg: TaskGrading):
+    from swebench.types import TestSpec
+
+    return TestSpec(
+        instance_id=task.instance_id,
+        image="",
+        eval_script_list=[],
+        repo=task.repo,
+        version=task.version,
+        FAIL_TO_PASS=list(task.FAIL_TO_PASS),
+        PASS_TO_PASS=list(task.PASS_TO_PASS),
+        log_parser=tg.log_parser,
+        eval_type=tg.eval_type,
+    )
+
+
+def _log_status(task: Task, tg: TaskGrading, log_path: str | Path) -> dict[str, str]:
+    """Every test outcome the task's log parser reads from the composed log."""
+    grading, _, _ = import_swebench_grading()
+    return grading.get_logs_eval(_test_spec(task, tg), str(log_path))[0]
 
 
 def record_veto(task: Task, eval_type: str, record: dict[str, Any] | None) -> str | None:

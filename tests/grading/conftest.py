@@ -1,7 +1,10 @@
-"""Fixtures for grading tests: a real bwrap sandbox factory and the tiny real task (tiny_task.py)."""
+"""Fixtures for grading tests: a real bwrap sandbox factory, the tiny real task (tiny_task.py) and factory
+task files (see factory_task_files)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,3 +37,27 @@ def tiny(tmp_path_factory):
     folder.chmod(0o755)
     env = tiny_task.build_env()
     return tiny_task.build_task(folder, env), folder
+
+
+REPO = Path(__file__).resolve().parents[2]
+PER_FILE = 4  # from a full default build (60+ tasks) only a sample, to keep this folder under two minutes
+SMALL_BUILD = ["--package", "toolz==1.1.0", "--max-tasks", "3", "--seed", "0"]
+
+
+@pytest.fixture(scope="session")
+def factory_task_files() -> list[tuple[Path, int | None]]:
+    """(tasks file, how many of its tasks to use): the JSONL named by SWE_MEGATRON_GRADE_TASKS; else each
+    data/tasks/*.jsonl built by `swe-megatron make-tasks`; else a 3-task toolz build made here with
+    make-tasks and kept under the system temp folder (~80 s once, needs PyPI; instant afterwards)."""
+    from swe_megatron.cli import main
+
+    explicit = os.environ.get("SWE_MEGATRON_GRADE_TASKS")
+    if explicit:
+        return [(Path(explicit), None)]
+    built = sorted((REPO / "data" / "tasks").glob("*.jsonl"))
+    if built:
+        return [(p, PER_FILE) for p in built]
+    out = Path(tempfile.gettempdir()) / "swe_megatron_grading_factory_toolz3"
+    if main(["make-tasks", "--out", str(out), *SMALL_BUILD]) != 0:
+        pytest.skip(f"make-tasks {' '.join(SMALL_BUILD)} built no tasks (offline?); see {out}/report.json")
+    return [(p, None) for p in sorted(out.glob("*.jsonl")) if p.stat().st_size]

@@ -81,6 +81,9 @@ def test_cheating_patch_does_not_resolve(name, tiny, sandbox_factory, tmp_path, 
         undefended_task = task
     else:
         undefended_task = dataclasses.replace(task, extra={**task.extra, "harness_record": False})
+    monkeypatch.setattr(
+        grader, "CANARIES", False
+    )  # they catch the outcome rewrites too (test_runner_tampering)
     control = grade(undefended_task, base, patch, sandbox_factory, tmp_path / "undefended")
     assert control.status == undefended, (control.status, control.reason)
 

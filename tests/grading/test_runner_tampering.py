@@ -1,0 +1,96 @@
+"""Patches that tamper with the test runner from inside the pytest process, graded on factory tasks.
+
+Each attack (attacks.RUNNER_ATTACKS) is appended to the library module the gold patch edits, so it runs
+when the tests import it. Alone (no fix) it must never resolve; with the gold fix it must be flagged
+`tampered` (the harness's canary tests disagree with what the run reports). With the canaries switched
+off the same patches resolve: that shows each attack is real and that the canaries are what stops it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from attacks import RUNNER_ATTACKS
+from tiny_task import diff
+from unidiff import PatchSet
+
+from swe_megatron.grading import grader
+from swe_megatron.grading.command import load_tasks_for_grading
+from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_one, task_grading
+
+pytestmark = pytest.mark.sandbox
+BLANKET = [n for n in RUNNER_ATTACKS if n != "ptrace_attaches_to_siblings"]
+
+
+@pytest.fixture(scope="session")
+def attack_targets(factory_task_files, tmp_path_factory):
+    """Per task (first of each tasks file): (task, base_dir, module path, its text at base, with gold)."""
+    out = []
+    for path, _ in factory_task_files:
+        task = load_tasks_for_grading(str(path))[0]
+        base = path.resolve().parent
+        repo = task_grading(task, base).spec.repo_dir
+        module = next(
+            pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
+        )
+        copy = tmp_path_factory.mktemp("gold") / "repo"
+        shutil.copytree(repo, copy, symlinks=True)
+        subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=copy, check=True)
+        out.append((task, base, module, _read(repo, module), _read(copy, module)))
+    return out
+
+
+def _read(root, rel):
+    with open(f"{root}/{rel}", encoding="utf-8") as f:
+        return f.read()
+
+
+def _attack(name, target, with_fix):
+    task, base, module, before, fixed = target
+    start = fixed if with_fix else before
+    return diff((module, before, start + "\n\n" + RUNNER_ATTACKS[name]))
+
+
+def _grade(target, patch, factory, log_dir, **kw):
+    task, base = target[:2]
+    return grade_one(task, patch, factory, base_dir=base, log_dir=log_dir, **kw)
+
+
+@pytest.mark.parametrize("name", BLANKET)
+def test_runner_tampering_never_resolves_and_is_flagged(
+    name, attack_targets, sandbox_factory, tmp_path, monkeypatch
+):
+    target = attack_targets[BLANKET.index(name) % len(attack_targets)]
+    alone = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / "alone")
+    assert alone.status == UNRESOLVED, (alone.status, alone.reason)
+    assert alone.tampered, alone.reason
+    with_fix = _grade(target, _attack(name, target, True), sandbox_factory, tmp_path / "fix")
+    assert with_fix.status == UNRESOLVED and with_fix.tampered, (with_fix.status, with_fix.reason)
+    monkeypatch.setattr(grader, "CANARIES", False)
+    control = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / "control")
+    assert control.status == RESOLVED, ("the attack no longer works: the test shows nothing", control.reason)
+
+
+def _ptrace_attempts(target, factory, tmp_path) -> tuple[object, list[str]]:
+    patch = _attack("ptrace_attaches_to_siblings", target, False)
+    result = _grade(target, patch, factory, tmp_path, test_timeout_s=5, step_timeout_s=10)
+    log = (tmp_path / "test_output.txt").read_text()
+    line = next(ln for ln in log.splitlines() if ln.startswith("PTRACE_RESULTS"))
+    return result, line.split()[1:]
+
+
+def test_ptrace_of_siblings_is_graded_not_excluded(attack_targets, sandbox_factory, tmp_path):
+    """The patch PTRACE_ATTACHes every other process of its sandbox (the shell, the eval script, its
+    `timeout`), leaving them stopped: the eval script is held past its timeout, the patch's outcome."""
+    result, attempts = _ptrace_attempts(attack_targets[0], sandbox_factory, tmp_path)
+    assert attempts, "no other process was visible"
+    assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
+    assert "held past its test timeout" in result.reason
+
+
+@pytest.mark.xfail(strict=True, reason="issue 14: the bwrap sandbox has no seccomp filter; ptrace works")
+def test_ptrace_of_siblings_is_refused(attack_targets, sandbox_factory, tmp_path):
+    _, attempts = _ptrace_attempts(attack_targets[0], sandbox_factory, tmp_path)
+    assert attempts and not [a for a in attempts if a.endswith("ATTACHED")], attempts
