@@ -359,11 +359,12 @@ class SandboxConfig:
     user: str = "swe-sandbox"
     """Unprivileged user that agent commands run as."""
     memory_mb: int = 2048
-    """Address-space limit per sandbox (the paper: 2 GiB)."""
+    """Memory of all processes of a sandbox together (a cgroup per sandbox where the host allows one; else,
+    with a warning, per process only) and address-space limit of each process (the paper: 2 GiB)."""
     cpu_seconds: int = 600
     """CPU-time limit per command."""
     max_processes: int = 256
-    """Process limit per sandbox."""
+    """Process limit per sandbox (its cgroup where there is one, and RLIMIT_NPROC of its uid)."""
     max_file_mb: int = 512
     """Largest file a sandbox may write."""
     command_timeout_s: float = 120.0
@@ -384,7 +385,15 @@ class SandboxConfig:
     lease_timeout_s: float = 300.0
     """Sandbox server: a sandbox idle this long whose client holds no open session is stopped."""
     cgroup_limits: bool = True
-    """Apptainer: enforce memory_mb and max_processes with --memory/--pids-limit (cgroups v2)."""
+    """Apptainer, where a sandbox gets no cgroup of its own (not root, no delegated cgroup v2 subtree): enforce
+    memory_mb and max_processes with --memory/--pids-limit (apptainer then needs systemd cgroup delegation and
+    fails clearly without it); false leaves them to the job's own limits."""
+    workspace_mb: int = 4096
+    """Disk cap of a sandbox's writable workspace (the repository copy and all the sandbox writes there): run
+    as root, a tmpfs of this size (held in memory as it fills); elsewhere, with a warning, only max_file_mb."""
+    max_open_files: int = 1024
+    """Open files of each process of a sandbox (RLIMIT_NOFILE); with max_processes it bounds a sandbox's share
+    of the host's fs.file-max."""
 
 
 @dataclass

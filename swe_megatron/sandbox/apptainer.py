@@ -1,6 +1,6 @@
 """apptainer backend (clusters): the persistent shell in `apptainer exec` of the task's read-only SIF.
 
-    [setpriv ... --]  prlimit --cpu --fsize --core=0 --
+    [sh -c 'join the sandbox cgroup']  [setpriv ... --]  prlimit --cpu --fsize --nofile --core=0 --
     apptainer exec --contain --cleanenv --pid --ipc --no-home --no-mount hostfs,bind-paths,cwd
                    --net --network none --writable-tmpfs --bind WORKSPACE:/testbed --pwd /testbed
                    [--memory BYTES --pids-limit N]  IMAGE  <shell supervisor>
@@ -11,9 +11,11 @@ inside the same container. The image stays read-only; writes outside /testbed la
 --no-home and --no-mount keep the user's home, the cwd and the admin's `bind path` entries out, and
 `--net --network none` leaves only loopback. The apptainer CLI is the whole interface (no spython).
 
-Limits: CPU seconds and file size with prlimit; memory and processes through apptainer's cgroup flags
-when sandbox.cgroup_limits is on (cgroups v2; rootless runs need systemd delegation), otherwise only
-the Slurm job's own limits apply. Address-space and process rlimits are not used here: apptainer's
+Limits: CPU seconds, file size and open files with prlimit. Memory and processes of the whole sandbox:
+in the sandbox's own cgroup (shell.py, cgroups.py) where this process can make one (root, or a delegated
+cgroup v2 subtree); otherwise, with sandbox.cgroup_limits on, through apptainer's --memory/--pids-limit
+(apptainer asks systemd for the cgroup; rootless runs need systemd delegation, and apptainer fails clearly
+without it: set sandbox.cgroup_limits=false there); otherwise only the Slurm job's own limits apply. Address-space and process rlimits are not used here: apptainer's
 runtime itself needs more address space, and RLIMIT_NPROC would count the job user's every process.
 
 Run as root (CI), the backend first drops to the sandbox user (whose passwd entry apptainer needs);
@@ -58,7 +60,7 @@ class ApptainerSandbox(ShellSandbox):
         return str(path.resolve())
 
     def _process_limit(self) -> int | None:
-        return self.cfg.max_processes if self.cfg.cgroup_limits else None
+        return self.cfg.max_processes if self.cfg.cgroup_limits or self._cgroup is not None else None
 
     def _prepare(self) -> None:
         search = os.environ.get("PATH", SAFE_PATH)  # the user's PATH: tests put the stand-in first
@@ -89,12 +91,13 @@ class ApptainerSandbox(ShellSandbox):
             self._tools["prlimit"],
             f"--cpu={cfg.cpu_seconds}:{cfg.cpu_seconds + 2}",  # SIGXCPU at the limit, SIGKILL 2 s later
             f"--fsize={cfg.max_file_mb << 20}",
+            f"--nofile={cfg.max_open_files}",
             "--core=0",
         ]
         argv += ["--", self._apptainer, "exec", "--contain", "--cleanenv", "--pid", "--ipc", "--no-home"]
         argv += ["--no-mount", "hostfs,bind-paths,cwd", "--net", "--network", "none", "--writable-tmpfs"]
         argv += ["--bind", f"{self.workspace.repo}:{spec.workdir}", "--pwd", spec.workdir]
-        if cfg.cgroup_limits:
+        if cfg.cgroup_limits and self._cgroup is None:  # no group of our own: apptainer's (systemd's)
             argv += ["--memory", str(cfg.memory_mb << 20), "--pids-limit", str(cfg.max_processes)]
         argv.append(self._image_path)
         home = "/nonexistent"

@@ -27,6 +27,9 @@ class ExecResult:
     """Output went past the cap and was cut."""
     duration_s: float = 0.0
     """Wall-clock seconds."""
+    limits_hit: tuple[str, ...] = ()
+    """Sandbox-wide limits reached while it ran: "memory" (the OOM killer ended a process of the sandbox),
+    "processes", "disk" (the workspace is full); a notice in the output says the same."""
 
 
 class SandboxError(RuntimeError):

@@ -1,15 +1,18 @@
 """bubblewrap backend (default on Linux, used by CI): agent commands in a namespace sandbox.
 
     setpriv --reuid U --regid G --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
-    prlimit --cpu --as --nproc --fsize --core=0 --
+    prlimit --cpu --as --nproc --fsize --nofile --core=0 --
     bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session ... -- <shell supervisor>
 
 Run as root (CI, the sandbox server), it first drops to a per-sandbox uid of the sandbox user (see
 users.py); bwrap run as root would keep root's powers. Run as an ordinary user it runs as that user and
 sets no RLIMIT_NPROC (that limit counts all of the user's processes). Inside:
 
-- read-only: /usr (and the /bin, /lib* links), a few /etc files, generated passwd/group/hosts; no
-  /root, /home, /var, /opt, /work or any project folder; /etc/shadow is absent;
+- read-only: a minimal system tree (`system_tree()`: /usr/bin, /usr/sbin, the shared libraries, git's
+  helpers, the locales, time zones and each Python's standard library, with the /bin, /lib* links), a
+  few /etc files, generated passwd/group/hosts. Not the rest of /usr: no Debian or /usr/local Python
+  packages, no vendored copies (a cloud SDK's copy of a task library was there), no /root, /home, /var,
+  /opt, /work or any project folder; /etc/shadow is absent;
 - writable: the workspace copy at spec.workdir (/testbed), tmpfs /tmp, /dev/shm and $HOME (sandbox.tmpfs_mb
   each); the rest of the root is read-only;
 - spec.env_dir read-only at /opt/venv, first on PATH (and at its own host path too, because a venv's
@@ -18,14 +21,20 @@ sets no RLIMIT_NPROC (that limit counts all of the user's processes). Inside:
   work and nothing outside (internet, the host's 127.0.0.1) is reachable;
 - uid 1000 (`sandbox.user` in the sandbox's passwd), no capabilities, no new user namespaces.
 
+Limits (shell.py, cgroups.py): memory and processes of the whole sandbox in a cgroup of its own where the
+host allows one; the workspace on a tmpfs of sandbox.workspace_mb (run as root); per process CPU seconds,
+address space, file size and open files (prlimit).
+
 If the process that owns a sandbox dies, bwrap's --die-with-parent takes the sandbox with it (shell.py
 starts every sandbox from one long-lived thread, since that signal follows the forking thread).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from swe_megatron.sandbox.base import SandboxError
@@ -36,6 +45,24 @@ INNER_UID = 1000
 VENV_MOUNT = "/opt/venv"
 STATE_DIR = "/run/swe-sandbox"  # the shell's snapshot (shell.py), on its own small tmpfs
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""Where a task venv's Python must live (pyvenv.cfg `home`); the top-level ones are links into /usr on a
+merged-/usr system, and bound whole otherwise."""
+# What the sandbox needs of /usr: the tools (bash, coreutils, git, grep, sed, find, python), their shared
+# libraries and the dynamic linker, git's helpers and templates, locales, time zones. Patterns: glob.
+USR_TREE = (
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/lib/*-linux-gnu*",
+    "/usr/lib64",
+    "/usr/lib32",
+    "/usr/libx32",
+    "/usr/lib/git-core",
+    "/usr/share/git-core",
+    "/usr/libexec/coreutils",
+    "/usr/lib/locale",
+    "/usr/share/zoneinfo",
+    "/usr/lib/python3.[0-9]*",  # each Python's standard library (not /usr/lib/python3: Debian's packages)
+)
 # Read-only from the host when present: the dynamic linker's cache, `alternatives` links that
 # /usr/bin entries point into, time zone, service names, Debian's Python site config.
 ETC_FILES = (
@@ -58,6 +85,30 @@ ETC_FILES = (
     "ssl/certs",
 )
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def system_tree() -> list[str]:
+    """Host paths the sandbox sees read-only at the same place, besides /etc files and the task venv."""
+    paths = [p for pattern in USR_TREE for p in sorted(glob.glob(pattern)) if os.path.isdir(p)]
+    usr_merged = all(os.path.islink(d) or not os.path.exists(d) for d in SYSTEM_DIRS[1:])
+    top = [d for d in SYSTEM_DIRS[1:] if os.path.isdir(d) and not os.path.islink(d)]
+    return paths + ([] if usr_merged else top)
+
+
+def system_copies(modules: Iterable[str], roots: Iterable[str] | None = None) -> dict[str, str]:
+    """Importable copies of these top-level modules under the sandbox's system tree (or `roots`):
+    {module: a host path of a copy}. A task library with one is refused (tasks/factory): a patch could run
+    the unmutated copy instead of fixing the bug."""
+    wanted, found = set(modules), {}
+    for root in system_tree() if roots is None else roots:
+        for folder, dirs, files in os.walk(root):
+            for name in wanted.intersection(dirs):
+                found.setdefault(name, os.path.join(folder, name))
+            for name in files:
+                stem, dot, ext = name.partition(".")
+                if stem in wanted and dot and (ext == "py" or ext.endswith(("pyc", "so"))):
+                    found.setdefault(stem, os.path.join(folder, name))
+    return found
 
 
 def require_tools() -> dict[str, str]:
@@ -144,16 +195,16 @@ class BwrapSandbox(ShellSandbox):
         argv += [self._tools["prlimit"], cpu, f"--as={cfg.memory_mb << 20}"]
         if as_root:
             argv.append(f"--nproc={cfg.max_processes}")
-        argv += [f"--fsize={cfg.max_file_mb << 20}", "--core=0", "--"]
+        argv += [f"--fsize={cfg.max_file_mb << 20}", f"--nofile={cfg.max_open_files}", "--core=0", "--"]
 
         b = [self._tools["bwrap"], "--unshare-all", "--unshare-user", "--disable-userns"]
         b += ["--die-with-parent", "--new-session", "--uid", str(INNER_UID), "--gid", str(INNER_UID)]
         b += ["--hostname", "sandbox"]
-        for d in SYSTEM_DIRS:
+        for d in SYSTEM_DIRS[1:]:
             if os.path.islink(d):
                 b += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                b += ["--ro-bind", d, d]
+        for d in system_tree():
+            b += ["--ro-bind", d, d]
         tmp_bytes = str(cfg.tmpfs_mb << 20)
         b += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]
         b += ["--size", tmp_bytes, "--tmpfs", "/tmp", "--size", tmp_bytes, "--tmpfs", self._home()]

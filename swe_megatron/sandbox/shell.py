@@ -24,6 +24,7 @@ sandbox restarted (fresh /tmp, cwd and environment).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import re
@@ -38,10 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
+from swe_megatron.sandbox.cgroups import SandboxCgroup, sweep_stale_groups
 from swe_megatron.sandbox.users import SandboxUser, current_user, lease_user
 from swe_megatron.sandbox.workspace import Workspace, sweep_stale
 
 START_TIMEOUT_S = 30.0
+DISK_FULL_BYTES = 1 << 20  # a workspace with less free space than this is reported full
 KILL_GRACE_S = 3.0  # after a timeout, how long the supervisor gets to start a new shell
 CMD_ENV = "SWE_SANDBOX_CMD"  # in the environment of each command's processes: which command started them
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -553,6 +556,7 @@ class ShellSandbox:
         self.user: SandboxUser | None = None
         """Who the sandbox runs as, once started."""
         self._shell: PersistentShell | None = None
+        self._cgroup: SandboxCgroup | None = None
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -588,10 +592,21 @@ class ShellSandbox:
             _sweep_once(self.cfg.workspace_root)
             self.user = self._identity()
             self.workspace = Workspace.create(
-                self.spec.repo_dir, self.cfg.workspace_root, self.user.uid, self.user.gid, self.spec.workdir
+                self.spec.repo_dir,
+                self.cfg.workspace_root,
+                self.user.uid,
+                self.user.gid,
+                self.spec.workdir,
+                disk_mb=self.cfg.workspace_mb,
+            )
+            cfg = self.cfg
+            self._cgroup = SandboxCgroup.create(
+                self.workspace.folder.name, cfg.memory_mb << 20, cfg.max_processes
             )
             self._prepare()
             argv, env = self._launch()
+            if self._cgroup is not None:
+                argv = self._cgroup.enter_argv() + argv
             shell = PersistentShell(
                 argv,
                 popen_env=env,
@@ -612,7 +627,29 @@ class ShellSandbox:
         with self._lock:
             if self._shell is None:
                 raise SandboxError("the sandbox is not running (not started, or stopped)")
-            return self._shell.run(command, self.cfg.command_timeout_s if timeout_s is None else timeout_s)
+            before = self._cgroup.events() if self._cgroup is not None else {}
+            res = self._shell.run(command, self.cfg.command_timeout_s if timeout_s is None else timeout_s)
+            return self._over_limit(res, before)
+
+    def _over_limit(self, res: ExecResult, before: dict[str, int]) -> ExecResult:
+        """res, with the sandbox-wide limits the command ran into named (limits_hit) and noted in its output."""
+        cfg, notes = self.cfg, {}
+        after = self._cgroup.events() if self._cgroup is not None else {}
+        if after.get("memory", 0) > before.get("memory", 0):
+            notes["memory"] = (
+                f"the sandbox's memory limit ({cfg.memory_mb} MB for all its processes) was reached"
+            )
+        if after.get("processes", 0) > before.get("processes", 0):
+            notes["processes"] = f"the sandbox's process limit ({cfg.max_processes}) was reached"
+        if self.workspace.disk_capped:
+            with contextlib.suppress(OSError):
+                fs = os.statvfs(self.workspace.repo)
+                if fs.f_bavail * fs.f_frsize < DISK_FULL_BYTES:
+                    notes["disk"] = f"the workspace is full ({cfg.workspace_mb} MB, sandbox.workspace_mb)"
+        if not notes:
+            return res
+        text = "\n[sandbox: " + "; ".join(notes.values()) + "]\n"
+        return dataclasses.replace(res, output=res.output + text.encode(), limits_hit=tuple(notes))
 
     def read_file(self, path: str) -> bytes:
         """Read a repository file through the host side of the workspace (symlink-safe)."""
@@ -642,6 +679,9 @@ class ShellSandbox:
             if self._shell is not None:
                 shell, self._shell = self._shell, None
                 shell.close()
+            if self._cgroup is not None:
+                group, self._cgroup = self._cgroup, None
+                group.remove()
         finally:
             try:
                 if self.workspace is not None:
@@ -668,3 +708,4 @@ def _sweep_once(root: str) -> None:
     if root not in _swept:
         _swept.add(root)
         sweep_stale(root)
+        sweep_stale_groups()

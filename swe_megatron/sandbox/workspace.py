@@ -1,8 +1,9 @@
 """A sandbox's private, writable copy of its repository on the host, and safe host-side file access.
 
 Layout: ROOT/sbx-XXXX/ (mode 0711) holds `.lock` (flocked by the owning process while the sandbox
-lives), `repo/` (the copy, owned by the sandbox's uid, mode 0700, bound at the sandbox's workdir) and
-whatever else the backend needs (bwrap's generated /etc files). A folder whose lock nobody holds was
+lives), `repo/` (the copy, owned by the sandbox's uid, mode 0700, bound at the sandbox's workdir; run as
+root, a tmpfs of sandbox.workspace_mb, the sandbox's disk cap) and whatever else the backend needs (bwrap's
+generated /etc files). A folder whose lock nobody holds was
 left by a crashed process and is removed by `sweep_stale`.
 
 The agent controls everything under `repo/`, symlinks included, and the host side (often root) reads
@@ -16,6 +17,7 @@ with other hard links, are refused too.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 from swe_megatron.sandbox.base import SandboxError
+from swe_megatron.sandbox.cgroups import warn_once
 
 LOCK_NAME = ".lock"
 MAX_SYMLINK_HOPS = 40
@@ -35,6 +38,9 @@ STALE_GRACE_S = 60.0  # a younger folder may still be being created
 _MAX_DEPTH = 32  # remove_tree: folders open at once (deeper ones are moved up first)
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # linux/fs.h (the flags are an int)
 _FROZEN = 0x00000010 | 0x00000020  # FS_IMMUTABLE_FL | FS_APPEND_FL
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2  # sys/mount.h
+_libc = ctypes.CDLL(None, use_errno=True)
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +186,28 @@ def remove_tree(path: str | Path) -> bool:
         os.close(parent_fd)
 
 
+def _mount_tmpfs(path: Path, size_mb: int, uid: int, gid: int) -> bool:
+    """Mount a tmpfs of size_mb at path, owned by uid:gid (root): True; elsewhere warn once, return False."""
+    if os.geteuid() != 0:
+        warn_once("not root: sandbox.workspace_mb is not enforced (no tmpfs), only sandbox.max_file_mb")
+        return False
+    opts = f"size={size_mb}m,mode=0700,uid={uid},gid={gid},nr_inodes={max(size_mb, 1) * 256}"
+    if _libc.mount(b"swe-sandbox", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot mount a tmpfs for the workspace: {os.strerror(err)}", str(path))
+    return True
+
+
+def unmount(path: Path) -> bool:
+    """Detach a mount at path if there is one (what was in it is freed); True if one was there."""
+    if not os.path.ismount(path):
+        return False
+    if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
+        log.warning("cannot unmount %s: %s", path, os.strerror(ctypes.get_errno()))
+        return False
+    return True
+
+
 def sweep_stale(root: str | Path) -> list[Path]:
     """Remove workspaces under root whose owning process is gone; returns what was removed. Never raises:
     a workspace that cannot be removed (or read) is logged and left for the next sweep."""
@@ -192,8 +220,10 @@ def sweep_stale(root: str | Path) -> list[Path]:
         return removed
     for entry in entries:
         try:
-            if _is_stale(entry) and remove_tree(entry):
-                removed.append(entry)
+            if _is_stale(entry):
+                unmount(entry / "repo")  # a workspace tmpfs (workspace_mb)
+                if remove_tree(entry):
+                    removed.append(entry)
         except Exception as e:  # noqa: BLE001 - one bad folder must not stop a sandbox from starting
             log.warning("cannot sweep %s: %s", entry, e)
     return removed
@@ -229,11 +259,18 @@ class Workspace:
         """The repository copy (bound at mount_point inside the sandbox)."""
         self.uid, self.gid = uid, gid
         self.mount_point = mount_point.rstrip("/") or "/"
+        self.disk_capped = False
+        """`repo` is a tmpfs of its own (sandbox.workspace_mb)."""
         self._lock_fd: int | None = lock_fd
 
     @classmethod
-    def create(cls, repo_dir: str, root: str, uid: int, gid: int, mount_point: str) -> Workspace:
-        """Copy repo_dir into a new workspace under root owned by uid:gid; SandboxError on failure."""
+    def create(
+        cls, repo_dir: str, root: str, uid: int, gid: int, mount_point: str, disk_mb: int = 0
+    ) -> Workspace:
+        """Copy repo_dir into a new workspace under root owned by uid:gid; SandboxError on failure.
+
+        disk_mb > 0: `repo` is a tmpfs of that size (root only; elsewhere a warning, and only the per-file
+        limit holds), so the copy and everything the sandbox writes there share one cap."""
         src = Path(repo_dir)
         if not src.is_dir():
             raise SandboxError(f"repository {repo_dir!r} is not a folder (SandboxSpec.repo_dir)")
@@ -251,17 +288,21 @@ class Workspace:
         ws = cls(folder, uid, gid, mount_point, lock_fd)
         try:
             os.mkdir(ws.repo, 0o700)
+            if disk_mb > 0:
+                ws.disk_capped = _mount_tmpfs(ws.repo, disk_mb, uid, gid)
             _copy_tree(src, ws.repo, uid, gid)
             os.chown(ws.repo, uid, gid)
         except OSError as e:
             ws.remove()
-            raise SandboxError(f"cannot copy repository {repo_dir} into the workspace: {e}") from None
+            hint = f" (more than sandbox.workspace_mb={disk_mb})" if e.errno == errno.ENOSPC else ""
+            raise SandboxError(f"cannot copy repository {repo_dir} into the workspace{hint}: {e}") from None
         return ws
 
     def remove(self) -> bool:
         """Delete the workspace and free its lock (idempotent, never raises); False when something stayed
         (logged; sweep_stale removes it later, since the lock is free)."""
         try:
+            unmount(self.repo)
             return remove_tree(self.folder)
         finally:
             if self._lock_fd is not None:

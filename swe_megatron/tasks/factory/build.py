@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from swe_megatron.sandbox.bwrap import system_copies
 from swe_megatron.tasks.factory.env import SYSTEM_PYTHON, build_env, library_requirements
 from swe_megatron.tasks.factory.errors import LibraryUnusable
 from swe_megatron.tasks.factory.mutate import (
@@ -216,6 +217,7 @@ def _prepare(lib: Library, out: Path, work: Path, cfg: FactoryConfig, log: Calla
                 "pure-python", f"not pure Python ({', '.join(native[:3]) or 'setup.py builds an Extension'})"
             )
         lib.layout = find_layout(lib.pristine)
+        refuse_sandbox_copies(lib.layout)
         if not lib.layout.test_files:
             raise LibraryUnusable("tests", "no test files (test_*.py / *_test.py) in the sdist")
         if not lib.layout.source_files:
@@ -230,6 +232,19 @@ def _prepare(lib: Library, out: Path, work: Path, cfg: FactoryConfig, log: Calla
         lib.report.update(status="unusable", stage=e.stage, reason=e.reason)
         log(f"make-tasks: {spec.requirement}: cannot be used ({e})")
     lib.report["prepare_s"] = round(time.monotonic() - t0, 1)
+
+
+def refuse_sandbox_copies(layout: Layout) -> None:
+    """LibraryUnusable when a top-level module of the library is importable from the sandbox's read-only system
+    tree: a patch could run that unmutated copy instead of fixing the bug (defence in depth: the bwrap sandbox
+    binds only a minimal tree, bwrap.system_tree)."""
+    modules = {
+        Path(rel).parts[1 if layout.import_root else 0].removesuffix(".py") for rel in layout.source_files
+    }
+    copies = system_copies(modules)
+    if copies:
+        name, path = min(copies.items())
+        raise LibraryUnusable("sandbox", f"a copy of {name!r} is readable inside the sandbox ({path})")
 
 
 def _baseline(lib: Library, work: Path, cfg: FactoryConfig) -> Baseline:

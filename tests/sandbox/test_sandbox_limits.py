@@ -1,0 +1,70 @@
+"""Limits hold per sandbox, not per process (issue 14, item 5): memory of all of a sandbox's processes
+together (its cgroup), the workspace's disk (a tmpfs of sandbox.workspace_mb), open files (RLIMIT_NOFILE).
+Each test goes past a limit and sees it contained, the sandbox reported over the limit, and the host and a
+sandbox beside it unaffected."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from swe_megatron.sandbox.cgroups import parents
+
+pytestmark = pytest.mark.sandbox
+
+HOLD = "import sys, time; b = bytearray(200 << 20); print('held', flush=True); time.sleep(4); print('kept')"
+
+
+def _bystander_ok(make) -> None:
+    other = make()
+    assert other.exec("python3 -c 'b = bytearray(50 << 20); print(len(b))'").output == b"52428800\n"
+
+
+@pytest.mark.skipif(parents() is None, reason="no usable cgroup on this host (needs root with cgroup v1/v2)")
+def test_memory_is_limited_for_all_processes_of_a_sandbox_together(make, cfg):
+    sb = make(replace(cfg, memory_mb=256))
+    shell_cgroup = Path(f"/proc/{sb._shell._shell_pid}/cgroup").read_text()
+    assert f"swe-{sb.workspace.folder.name}" in shell_cgroup  # the sandbox's processes are in its group
+    res = sb.exec(f'python3 -c "{HOLD}" & python3 -c "{HOLD}" & wait', timeout_s=30)
+    out = res.output.decode()
+    # Each process is under the per-process address-space limit (256 MB); the two together are not.
+    assert out.splitlines().count("kept") <= 1, out
+    assert "memory" in res.limits_hit and "memory limit (256 MB for all its processes)" in out
+    assert sb.exec("echo fine").output == b"fine\n"  # the sandbox goes on
+    assert sb.exec("echo again").limits_hit == ()  # reported once, for the command that hit it
+    _bystander_ok(make)
+
+
+def test_workspace_disk_is_capped_for_the_sandbox(make, cfg):
+    if os.geteuid() != 0:
+        pytest.skip("the workspace tmpfs needs root")
+    sb = make(replace(cfg, workspace_mb=64, max_file_mb=512, memory_mb=1024))
+    host = os.statvfs(Path(sb.workspace.folder).parent)
+    free_before = host.f_bavail * host.f_frsize
+    # Four files of 30 MB: each under the per-file cap, together past the 64 MB workspace.
+    res = sb.exec("for i in 1 2 3 4; do head -c 30000000 /dev/zero > big$i || echo failed $i; done; du -sm .")
+    out = res.output.decode()
+    assert "No space left on device" in out and "failed 3" in out, out
+    assert "disk" in res.limits_hit and "workspace is full (64 MB" in out
+    used = sb.exec("du -sm . | cut -f1")
+    assert int(used.output.split()[0]) <= 64 and used.limits_hit == ("disk",)  # still full: still said
+    host = os.statvfs(Path(sb.workspace.folder).parent)
+    assert free_before - host.f_bavail * host.f_frsize < 32 << 20  # the host's disk did not take it
+    assert sb.exec("rm big*; echo ok > small; cat small").output == b"ok\n"  # freed space is usable again
+    _bystander_ok(make)
+
+
+def test_open_files_are_limited_per_process_from_the_config(make, cfg):
+    sb = make(replace(cfg, max_open_files=64))
+    assert sb.exec("ulimit -n").output == b"64\n"
+    script = (
+        "import os\nfds = []\ntry:\n    while True: fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+        "except OSError as e: print(len(fds), e.strerror)"
+    )
+    res = sb.exec(f'python3 -c "{script}"')
+    count, _, reason = res.output.decode().strip().partition(" ")
+    assert reason == "Too many open files" and int(count) < 64, res.output
+    _bystander_ok(make)
