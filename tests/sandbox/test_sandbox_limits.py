@@ -5,16 +5,21 @@ sandbox beside it unaffected."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from swe_megatron.config.schema import SandboxBackend
 from swe_megatron.sandbox.cgroups import parents
 
 pytestmark = pytest.mark.sandbox
 
+PROJECT = Path(__file__).resolve().parents[2]
 HOLD = "import sys, time; b = bytearray(200 << 20); print('held', flush=True); time.sleep(4); print('kept')"
 
 
@@ -68,3 +73,42 @@ def test_open_files_are_limited_per_process_from_the_config(make, cfg):
     count, _, reason = res.output.decode().strip().partition(" ")
     assert reason == "Too many open files" and int(count) < 64, res.output
     _bystander_ok(make)
+
+
+@pytest.mark.skipif(parents() is None, reason="no usable cgroup on this host (needs root with cgroup v1/v2)")
+def test_apptainer_sandboxes_join_their_own_group_instead_of_apptainer_flags(make, cfg, venv, monkeypatch):
+    """The apptainer backend (against the stand-in CLI) holds the same per-sandbox limits; apptainer's own
+    --memory/--pids-limit are only for hosts where no group can be made here."""
+    fake = Path(__file__).resolve().parents[1] / "fake_apptainer"
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    sif = venv.parent / "limits.sif"
+    sif.write_text(json.dumps({"fake_sif": 1, "env_dir": str(venv)}))
+    sif.chmod(0o644)
+    sb = make(
+        replace(cfg, backend=SandboxBackend.apptainer, memory_mb=256, max_open_files=100), image=str(sif)
+    )
+    assert "--memory" not in sb._shell.launcher and sb._shell.launcher[:2] == ["/bin/sh", "-c"]
+    assert sb.exec("ulimit -n").output == b"100\n"
+    res = sb.exec(f'python -c "{HOLD}" & python -c "{HOLD}" & wait', timeout_s=30)
+    assert res.output.decode().splitlines().count("kept") <= 1 and "memory" in res.limits_hit, res.output
+
+
+def test_without_cgroups_there_is_a_warning_and_no_group(tmp_path):
+    """Not root and no delegated cgroup (as here for the sandbox user): create() warns and gives None."""
+    code = (
+        "import logging; logging.basicConfig(level=logging.WARNING, format='%(message)s')\n"
+        "from swe_megatron.sandbox.cgroups import SandboxCgroup, parents\n"
+        "print(parents(), SandboxCgroup.create('sbx-test', 1 << 28, 64))\n"
+    )
+    argv = [
+        "setpriv",
+        "--reuid=swe-sandbox",
+        "--regid=swe-sandbox",
+        "--clear-groups",
+        sys.executable,
+        "-c",
+        code,
+    ]
+    proc = subprocess.run(argv, cwd=PROJECT, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "None None", proc.stderr
+    assert "no cgroup for sandboxes" in proc.stderr and "per process only" in proc.stderr
