@@ -384,4 +384,6 @@ class Trainer:
         self.model.module.load_state_dict(state["model"])
         if has_optimizer:
             self.optimizer.load_state_dict(state["optimizer"])
+        else:  # the optimiser's own fp32 copy of bf16 weights was taken at construction: refresh it
+            self.optimizer.reload_model_params()
         self.steps_done = extra["steps_done"]

@@ -7,6 +7,7 @@ export must build full tensors only on the writing rank, and even there one shar
 from __future__ import annotations
 
 import pytest
+import torch
 
 from swe_megatron.config.schema import ModelConfig, ParallelConfig
 
@@ -87,3 +88,32 @@ def test_trainer_skips_the_random_init_when_weights_are_loaded(megatron_world):
     for kwargs, want in (({}, True), ({"hf_state": hf.state_dict()}, False), ({"initialize": False}, False)):
         trainer = Trainer(cfg, par, OPTIM, total_steps=1, **kwargs)
         assert trainer.model.module.config.perform_initialization is want, kwargs
+
+
+def test_a_bf16_trainer_resumed_from_a_weights_only_checkpoint_trains_from_those_weights(
+    tmp_path, megatron_world
+):
+    """A checkpoint saved before the first optimiser step holds no optimiser state. Loading it into a trainer
+    built without an init must also refresh the optimiser's fp32 main weights (bf16 keeps them apart), or the
+    first step writes the uninitialised memory back into the model."""
+    import dataclasses
+
+    from swe_megatron.train import parallel
+    from swe_megatron.train.model import model_config_from_hf
+    from swe_megatron.train.step import LossSpec, Trainer
+
+    from ._workers import OPTIM, batch, tiny_hf
+
+    hf = tiny_hf()
+    cfg = dataclasses.replace(model_config_from_hf(hf.config), params_dtype="bfloat16")
+    par = ParallelConfig(micro_batch_tokens=64)
+    parallel.init_model_parallel(par, seed=1)
+    straight = Trainer(cfg, par, OPTIM, total_steps=4, hf_state=hf.state_dict())
+    straight.save(str(tmp_path / "ckpt"))
+    resumed = Trainer(cfg, par, OPTIM, total_steps=4, initialize=False)
+    resumed.load(str(tmp_path / "ckpt"))
+    for t in (straight, resumed):
+        t.update(batch(4), 1, LossSpec("sft"))
+    pairs = zip(straight.model.module.named_parameters(), resumed.model.module.named_parameters())
+    for (name, a), (_, b) in pairs:
+        assert torch.equal(a, b), name
