@@ -206,6 +206,7 @@ class RemoteSandbox:
             timed_out=data["timed_out"],
             truncated=data["truncated"],
             duration_s=data.get("duration_s", time.monotonic() - t0),
+            limits_hit=tuple(data.get("limits_hit", ())),
         )
 
     def read_file(self, path: str) -> bytes:

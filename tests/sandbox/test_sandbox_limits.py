@@ -13,8 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sandbox_servers import SandboxServer
 
 from swe_megatron.config.schema import SandboxBackend
+from swe_megatron.sandbox import SandboxSpec
 from swe_megatron.sandbox.cgroups import parents
 
 pytestmark = pytest.mark.sandbox
@@ -112,3 +114,16 @@ def test_without_cgroups_there_is_a_warning_and_no_group(tmp_path):
     proc = subprocess.run(argv, cwd=PROJECT, capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "None None", proc.stderr
     assert "no cgroup for sandboxes" in proc.stderr and "per process only" in proc.stderr
+
+
+def test_a_remote_sandbox_reports_its_limits_too(tmp_path, repo):
+    """Through a real sandbox server and its client: limits_hit travels with the result."""
+    if os.geteuid() != 0:
+        pytest.skip("the workspace tmpfs needs root")
+    server = SandboxServer(tmp_path, 1, "sandbox.workspace_mb=64", "sandbox.max_file_mb=512")
+    try:
+        with server.client() as client, client.sandbox(SandboxSpec(repo_dir=str(repo))) as sb:
+            res = sb.exec("head -c 100000000 /dev/zero > big; echo $?")
+            assert res.limits_hit == ("disk",) and b"No space left on device" in res.output, res
+    finally:
+        server.close()
