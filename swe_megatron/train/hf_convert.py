@@ -1,9 +1,8 @@
 """Hugging Face <-> Megatron-Core weights for Qwen2/Llama decoders, for any TP x PP layout.
 
 Import: every rank fills its own shards straight from the HF tensors (`load_hf_state`). Export: every
-rank turns its shards into HF-named pieces, the TP group gathers them, and each pipeline stage ends up
-with the full HF tensors of its own layers (`hf_state_of_stage`), which `export.py` writes as one
-safetensors shard per stage.
+rank turns its shards into HF-named pieces one parameter at a time, and the TP group gathers them on one
+rank (`iter_hf_of_stage`), which `export.py` streams into safetensors shards of its pipeline stage.
 
 Layouts that differ between the two (Megatron-Core 0.19, local or Transformer Engine spec):
 - q/k/v: one `linear_qkv` whose rows are grouped per KV head: [q heads of group g, k_g, v_g] for each
