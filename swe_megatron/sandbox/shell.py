@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
-from swe_megatron.sandbox.cgroups import SandboxCgroup, sweep_stale_groups
+from swe_megatron.sandbox.cgroups import SandboxCgroup, sweep_stale_groups, warn_once
 from swe_megatron.sandbox.users import SandboxUser, current_user, lease_user
 from swe_megatron.sandbox.workspace import Workspace, sweep_stale
 
@@ -590,6 +590,7 @@ class ShellSandbox:
             return
         try:
             _sweep_once(self.cfg.workspace_root)
+            _check_file_max(self.cfg)
             self.user = self._identity()
             self.workspace = Workspace.create(
                 self.spec.repo_dir,
@@ -701,6 +702,21 @@ class ShellSandbox:
 
 
 _swept: set[str] = set()
+
+
+def _check_file_max(cfg, path: str = "/proc/sys/fs/file-max") -> None:
+    """Warn (once) when the sandboxes of one server could together open more files than the host allows:
+    RLIMIT_NOFILE is per process, so max_concurrent x max_processes x max_open_files is the bound."""
+    try:
+        file_max = int(Path(path).read_text())
+    except (OSError, ValueError):
+        return
+    worst = cfg.max_concurrent * cfg.max_processes * cfg.max_open_files
+    if worst > file_max:
+        warn_once(
+            f"sandbox.max_concurrent x max_processes x max_open_files = {worst} exceeds the host's fs.file-max "
+            f"({file_max}): sandboxes could exhaust the host's open files; lower sandbox.max_open_files"
+        )
 
 
 def _sweep_once(root: str) -> None:

@@ -18,6 +18,7 @@ from sandbox_servers import SandboxServer
 from swe_megatron.config.schema import SandboxBackend
 from swe_megatron.sandbox import SandboxSpec
 from swe_megatron.sandbox.cgroups import parents
+from swe_megatron.sandbox.shell import _check_file_max
 
 pytestmark = pytest.mark.sandbox
 
@@ -127,3 +128,14 @@ def test_a_remote_sandbox_reports_its_limits_too(tmp_path, repo):
             assert res.limits_hit == ("disk",) and b"No space left on device" in res.output, res
     finally:
         server.close()
+
+
+def test_a_host_file_max_the_sandboxes_could_exhaust_is_warned_about(cfg, tmp_path, caplog):
+    """20,000 open files x 256 processes (one sandbox) exceeded this host's fs.file-max: said at start."""
+    file_max = tmp_path / "file-max"
+    file_max.write_text("2466170\n")
+    _check_file_max(replace(cfg, max_concurrent=16, max_processes=256, max_open_files=20000), str(file_max))
+    assert "exceeds the host's fs.file-max (2466170)" in caplog.text and "81920000" in caplog.text
+    caplog.clear()
+    _check_file_max(replace(cfg, max_concurrent=4, max_processes=256, max_open_files=1024), str(file_max))
+    assert caplog.text == ""
