@@ -14,8 +14,11 @@ from pathlib import Path
 def _run(args: argparse.Namespace) -> int:
     from swe_megatron.config.load import load_config
     from swe_megatron.pipeline.driver import run
+    from swe_megatron.pipeline.run_dir import RunDir
 
-    return run(load_config(args.config, args.overrides))
+    cfg = load_config(args.config, args.overrides)
+    RunDir(cfg.run_dir)  # a damaged run_dir is refused here, before any process starts or anything is written
+    return run(cfg)
 
 
 def _eval(args: argparse.Namespace) -> int:

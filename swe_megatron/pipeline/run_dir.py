@@ -71,8 +71,25 @@ def resume_conflicts(old: dict, new: dict, started_stages: list[str]) -> list[st
     return out
 
 
+def state_problem(state: Any) -> str | None:
+    """What is wrong with the shape of a state.json's content (None: a state this code wrote)."""
+    if not isinstance(state, dict):
+        return f"holds {type(state).__name__}, not an object"
+    ckpt = state.get("checkpoint")
+    checks = {
+        "format": state.get("format") == STATE_FORMAT,
+        "done": isinstance(state.get("done"), list) and all(isinstance(u, str) for u in state["done"]),
+        "checkpoint": ckpt is None or (isinstance(ckpt, dict) and isinstance(ckpt.get("path"), str)),
+        "step": isinstance(state.get("step"), int)
+        and not isinstance(state["step"], bool)
+        and state["step"] >= 0,
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    return f"has a malformed {', '.join(bad)} (format {STATE_FORMAT} expected)" if bad else None
+
+
 class RunDir:
-    """Paths and committed state of one run directory."""
+    """Paths and committed state of one run directory (UsageError, writing nothing, when it is damaged)."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -82,13 +99,22 @@ class RunDir:
         self.tensorboard = self.root / "tensorboard"
         self.eval_dir = self.root / "eval"
         self.state: dict[str, Any] = {"format": STATE_FORMAT, "done": [], "checkpoint": None, "step": 0}
+        if self.root.exists() and not self.root.is_dir():
+            raise UsageError(
+                f"run_dir={self.root} is not a folder; give a new or an existing run's run_dir=..."
+            )
         if self.state_path.exists():
             try:
                 self.state = json.loads(self.state_path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise UsageError(
                     f"{self.state_path} cannot be read ({e}); the run directory is damaged"
                 ) from None
+            problem = state_problem(self.state)
+            if problem:
+                raise UsageError(
+                    f"{self.state_path} {problem}; the run directory is damaged: restore it or use a new run_dir=..."
+                )
 
     # config ---------------------------------------------------------------------------------------
     def bind_config(self, cfg) -> None:

@@ -78,3 +78,61 @@ def test_shortest_unique_replace():
     assert src.count(search) == 1 and len(search) <= 5
     assert src.replace(search, repl) == src.replace("return x < 1", "return x <= 1")
     assert shortest_unique_replace("a\na\n", "a", "b") is None
+
+
+@pytest.mark.parametrize(
+    ("state", "needle"),
+    [
+        (None, "not a folder"),  # run_dir is a regular file
+        ("{broken", "cannot be read"),
+        ("[]", "state.json"),
+        ('{"format": 1, "done": "stage1:0", "checkpoint": null, "step": 0}', "done"),
+        ('{"format": 1, "done": [], "checkpoint": 5, "step": 0}', "checkpoint"),
+        ('{"format": 1, "done": [], "checkpoint": {"unit": "x"}, "step": 0}', "checkpoint"),
+        ('{"format": 1, "done": [], "checkpoint": null, "step": "2"}', "step"),
+        ('{"format": 9, "done": [], "checkpoint": null, "step": 0}', "format"),
+        ('{"done": [], "checkpoint": null}', "step"),
+    ],
+)
+def test_run_refuses_a_damaged_run_dir_with_one_line_writing_nothing(tmp_path, capsys, state, needle):
+    """A run_dir that is a file, or a state.json of the wrong shape, printed a 35-line traceback and wrote
+    config.yaml into the damaged folder."""
+    from swe_megatron.cli import main
+
+    if state is None:
+        run_dir = tmp_path / "run"
+        run_dir.write_text("a file\n")
+    else:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "state.json").write_text(state)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["run", "embedded", f"run_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(run_dir) in err and needle in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_failed_state_write_keeps_the_committed_checkpoint(tmp_path):
+    """The previous checkpoint is pruned only after state.json names the new one: a state write that fails
+    (here: its temp file's name is taken by a folder) leaves the committed state and its checkpoint intact."""
+    import os
+
+    run = RunDir(tmp_path)
+    run.checkpoint_dir("a").mkdir()
+    run.commit("stage1:0", {"unit": "stage1:0", "path": "checkpoints/a", "stage": "stage1"})
+    run.checkpoint_dir("b").mkdir()
+    (tmp_path / f".state.json.tmp.{os.getpid()}").mkdir()
+    with pytest.raises(OSError):
+        run.commit("stage1:1", {"unit": "stage1:1", "path": "checkpoints/b", "stage": "stage1"})
+    again = RunDir(tmp_path)
+    assert again.checkpoint["path"] == "checkpoints/a" and again.state["done"] == ["stage1:0"]
+    assert (tmp_path / "checkpoints" / "a").is_dir()
+
+
+def test_a_redone_unit_starts_from_an_empty_folder(tmp_path):
+    """A unit redone after a crash must not see the uncommitted attempt's trajectories (counted twice)."""
+    run = RunDir(tmp_path)
+    (run.unit_dir("stage1:1") / "trajectories.jsonl").write_text("stale\n")
+    assert (run.unit_dir("stage1:1") / "trajectories.jsonl").exists()  # reading a unit keeps its files
+    assert list(run.unit_dir("stage1:1", fresh=True).iterdir()) == []
