@@ -85,6 +85,9 @@ class Trajectory:
     """Grading said the task is resolved."""
     infra_failure: str | None = None
     """What failed in the infrastructure (episode or grading), e.g. "grading: timeout"; None when nothing did."""
+    grading_flags: list[str] = field(default_factory=list)
+    """What grading flagged: "suspicious" (added lines mention the test runner), "tampered" (a canary test
+    came out wrong; the reward is already 0). Counted per iteration (TensorBoard grading/*)."""
     drifted: bool = False
     """Re-rendering the chat did not reproduce token_ids (invariant 1): the trajectory is not trained on."""
     retokenized_turns: int = 0

@@ -10,10 +10,12 @@ it is an infrastructure failure, not an observation.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from swe_megatron.agent.prompts import Prompts
 from swe_megatron.agent.viewer import (
@@ -27,7 +29,9 @@ from swe_megatron.agent.viewer import (
     top_for_line,
 )
 from swe_megatron.config.schema import AgentConfig
-from swe_megatron.sandbox.base import ExecResult, Sandbox, SandboxError
+from swe_megatron.sandbox.base import ExecResult, Sandbox
+
+log = logging.getLogger(__name__)
 
 PATCH_FILE = ".git/swe_megatron_patch.diff"
 """Where `patch()` writes the diff inside the repository (read back whole, so the output cap never cuts it)."""
@@ -329,19 +333,56 @@ class Aci:
 
     # ---- the answer -----------------------------------------------------------------------------
     def patch(self, timeout_s: float = 120.0) -> str:
-        """`git diff` of the working tree against HEAD, new files included (bytecode caches left out)."""
+        """`git diff` of the working tree against HEAD, new files included (bytecode caches left out).
+
+        The agent's .git is the agent's to break (removed, chmod 000, corrupted): when the diff fails, the
+        task's pristine .git (the sandbox spec's repo_dir) replaces it and the diff is taken again; if that
+        fails too, the answer is the empty patch. Either way the episode is graded: a failing sandbox
+        raises SandboxError from exec itself, so a non-zero exit here is the agent's doing.
+        """
+        r = self._diff(timeout_s)
+        if r.exit_code != 0 and self._restore_pristine_git(timeout_s):
+            r = self._diff(timeout_s)
+        if r.exit_code != 0:
+            log.warning(
+                "no diff in %s after restoring .git: %s",
+                self.workdir,
+                display(r.output.decode("utf-8", "replace"))[-300:],
+            )
+            return ""
+        return self.sandbox.read_file(posixpath.join(self.workdir, PATCH_FILE)).decode(
+            "utf-8", "surrogateescape"
+        )
+
+    def _diff(self, timeout_s: float) -> ExecResult:
         wd = shlex.quote(self.workdir)
         out = shlex.quote(posixpath.join(self.workdir, PATCH_FILE))
-        r = self._exec(
+        return self._exec(
             f"cd {wd} && git add -A -- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.py[co]' "
             f"&& git -c core.quotepath=off diff --cached --no-color --no-ext-diff HEAD > {out}; "
             f"s=$?; cd {shlex.quote(self.cwd)}; exit $s",
             timeout_s,
         )
-        if r.exit_code != 0:
-            raise SandboxError(
-                f"git diff failed in {self.workdir}: {display(r.output.decode('utf-8', 'replace'))[-500:]}"
-            )
-        return self.sandbox.read_file(posixpath.join(self.workdir, PATCH_FILE)).decode(
-            "utf-8", "surrogateescape"
+
+    def _restore_pristine_git(self, timeout_s: float) -> bool:
+        """Replace the workspace's .git by the task's pristine one; False where the sandbox has no host
+        copy of the repository (no spec.repo_dir readable here)."""
+        spec = getattr(self.sandbox, "spec", None)
+        src = Path(spec.repo_dir) / ".git" if spec is not None and spec.repo_dir else None
+        if src is None or not src.is_dir():
+            return False
+        entries = sorted(src.rglob("*"))
+        dirs = [
+            shlex.quote(str(p.relative_to(src.parent))) for p in entries if p.is_dir() and not p.is_symlink()
+        ]
+        r = self._exec(
+            f"cd {shlex.quote(self.workdir)} && {{ chmod -R u+rwx .git 2>/dev/null; rm -rf .git; }} "
+            f"&& mkdir -p .git {' '.join(dirs)}",
+            timeout_s,
         )
+        if r.exit_code != 0:
+            return False
+        for p in entries:
+            if p.is_file() and not p.is_symlink():
+                self.sandbox.write_file(str(p.relative_to(src.parent)), p.read_bytes())
+        return True

@@ -46,6 +46,8 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
         # Mean -log p of the engine's own samples: an unbiased estimate of the sampling policy's entropy per token.
         "policy": {"entropy_estimate": -sum(engine_lp) / len(engine_lp) if engine_lp else float("nan")},
         "infra": {"failures": float(sum(infra.values())), **{k: float(v) for k, v in infra.items()}},
+        # Graded trajectories whose patch mentions the test runner, or whose run the canaries caught.
+        "grading": {f: float(sum(f in t.grading_flags for t in trajs)) for f in ("suspicious", "tampered")},
     }
 
 

@@ -61,6 +61,8 @@ class GradeOutcome:
     not the grading sandbox's start and stop, which are harness overhead."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per grading phase (start, apply, tests, stop) where the grader reports them."""
+    flags: list[str] = field(default_factory=list)
+    """What grading flagged ("suspicious", "tampered"; Trajectory.grading_flags)."""
 
 
 Grader = Callable[..., GradeOutcome]
@@ -358,7 +360,7 @@ def _rollout_one(task, k, setup, sandboxes, rollout_deadline) -> tuple[Trajector
                 for phase in ("start", "stop"):
                     if phase in g.timings:
                         traj.timings[f"grade_sandbox_{phase}"] = g.timings[phase]
-                traj.reward, traj.resolved = g.reward, g.resolved
+                traj.reward, traj.resolved, traj.grading_flags = g.reward, g.resolved, list(g.flags)
                 if g.infra_failure:
                     traj.infra_failure = f"grading: {g.infra_failure}"
         except Exception as e:  # noqa: BLE001 - a harness bug must not kill the other episodes; it is counted
@@ -399,7 +401,9 @@ def run_rollouts(
     jobs = [(t, k) for t in tasks for k in range(samples_per_task)]
     stats = RolloutStats()
     results: dict[tuple[int, int], Trajectory] = {}
-    sink = open(out_file, "a", encoding="utf-8") if out_file else None  # noqa: SIM115 - closed below
+    # backslashreplace: a lone surrogate (a non-UTF-8 byte in a patch, decoded with surrogateescape) can only
+    # sit inside a JSON string, where its backslash-u form is the JSON escape that reads back as the same text.
+    sink = open(out_file, "a", encoding="utf-8", errors="backslashreplace") if out_file else None  # noqa: SIM115
     bar = None
     if progress:
         from tqdm import tqdm

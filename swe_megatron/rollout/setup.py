@@ -107,7 +107,8 @@ def swebench_grader(cfg: SandboxConfig, log_root: str | Path | None = None, sand
 
         r = grade_one(task, patch, factory, log_dir=log_dir, test_timeout_s=cfg.grade_timeout_s)
         raw = sum(v for k, v in r.timings.items() if k in ("apply", "tests"))
-        return GradeOutcome(r.reward or 0.0, r.resolved, r.error, raw, dict(r.timings))
+        flags = [name for name, on in (("suspicious", r.suspicious), ("tampered", r.tampered)) if on]
+        return GradeOutcome(r.reward or 0.0, r.resolved, r.error, raw, dict(r.timings), flags)
 
     grade.grade_sandbox = grading_sandbox_factory(cfg, sandboxes)
     return grade

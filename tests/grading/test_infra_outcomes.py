@@ -1,0 +1,127 @@
+"""What the agent or its patch does is graded, never turned into an excluded infrastructure error.
+
+An RL policy that could turn a failing attempt into an excluded trajectory (dropped instead of scored 0)
+would learn to do so whenever it is failing. Each case here once ended as an infrastructure error:
+a patch that stops the `timeout` the eval script waits on; non-UTF-8 bytes or a lone surrogate in the
+patch text; an agent that removes or locks its repository's .git before submitting.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from attacks import FIX
+from tiny_task import INIT, diff
+
+from swe_megatron.agent.tokens import ChatFormat
+from swe_megatron.config.schema import RunConfig, SandboxConfig
+from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_one, patch_bytes
+from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.rollout.rollouts import run_rollouts
+from swe_megatron.rollout.setup import load_tasks, make_setup
+from swe_megatron.trajectory import ExitReason, Trajectory
+
+pytestmark = pytest.mark.sandbox
+
+STOP_TIMEOUT = (
+    "import os, signal\n\n"
+    "p = os.getpid()\n"
+    "while p > 1:\n"
+    "    stat = open('/proc/%d/stat' % p).read()\n"
+    "    if stat[stat.index('(') + 1 : stat.rindex(')')] == 'timeout':\n"
+    "        os.kill(p, signal.SIGSTOP)\n"
+    "        break\n"
+    "    p = int(stat[stat.rindex(')') + 2 :].split()[1])\n"
+)
+
+
+def test_patch_that_stops_its_timeout_is_unresolved_not_excluded(tiny, sandbox_factory, tmp_path):
+    """The fix plus SIGSTOP of `timeout`: the eval script never returns; the harness cannot see the tests
+    finish, so it is the patch's outcome (0), not an excluded infrastructure error."""
+    task, base = tiny
+    patch = FIX + diff(("calc/__init__.py", INIT, STOP_TIMEOUT + INIT))
+    result = grade_one(
+        task, patch, sandbox_factory, base_dir=base, log_dir=tmp_path, test_timeout_s=3, step_timeout_s=5
+    )
+    assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
+    assert "held past its test timeout" in result.reason
+
+
+def test_patch_with_undecodable_text_is_graded(tiny, sandbox_factory, tmp_path):
+    """A byte that is not UTF-8 (surrogate-escaped, as the ACI decodes diffs) and a lone surrogate."""
+    task, base = tiny
+    odd = "caf\udce9 and \ud800 in a note\n"
+    assert patch_bytes(odd) == b"caf\xe9 and \xed\xa0\x80 in a note\n"
+    result = grade_one(
+        task,
+        task.patch + diff(("notes.txt", None, odd)),
+        sandbox_factory,
+        base_dir=base,
+        log_dir=tmp_path / "fix",
+    )
+    assert result.status == RESOLVED, (result.status, result.reason)
+    alone = grade_one(
+        task, diff(("notes.txt", None, odd)), sandbox_factory, base_dir=base, log_dir=tmp_path / "alone"
+    )
+    assert alone.status == UNRESOLVED, (alone.status, alone.reason)
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return ChatFormat(load_tokenizer("qwen2.5"))
+
+
+def _block(reason, command):
+    return f"{reason}\n```\n{command}\n```"
+
+
+def _rollout(tmp_path, chat, tiny, extra_commands):
+    """One scripted episode through the real rollout manager, bwrap sandbox and grader: the gold fix,
+    then `extra_commands`, then submit."""
+    task, base = tiny
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    row = dict(task.__dict__, extra={**task.extra, "repo_dir": str(base / task.extra["repo_dir"])})
+    if task.extra.get("env_dir"):
+        row["extra"]["env_dir"] = str(base / task.extra["env_dir"])
+    (folder / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    tasks = load_tasks(folder / "tasks.jsonl")
+    script = gold_patch_script(tasks[0].patch)
+    script[-1:-1] = [_block("Now this.", c) for c in extra_commands]
+    cfg = RunConfig(run_dir=str(tmp_path / "run"), sandbox=SandboxConfig(command_timeout_s=60))
+    setup = make_setup(cfg, cfg.stage1, ScriptedPolicy(chat, {tasks[0].instance_id: script}))
+    out = tmp_path / "t.jsonl"
+    (traj,), stats = run_rollouts(tasks, 1, setup, out, progress=False)
+    return traj, stats, out
+
+
+@pytest.mark.parametrize(
+    "breakage", ["rm -rf .git", "chmod 000 .git/objects", "chmod -R 000 .git", "echo junk > .git/HEAD"]
+)
+def test_agent_breaking_its_git_is_graded_against_the_pristine_repository(breakage, tmp_path, chat, tiny):
+    traj, stats, _ = _rollout(tmp_path, chat, tiny, [breakage])
+    assert traj.infra_failure is None and stats.infra_failures == 0, traj.infra_failure
+    assert traj.exit_reason == ExitReason.submitted
+    assert traj.reward == 1.0 and traj.resolved  # the fix is in the workspace: the tests really pass
+
+
+def test_agent_writing_non_utf8_bytes_is_graded_and_recorded(tmp_path, chat, tiny):
+    traj, stats, out = _rollout(tmp_path, chat, tiny, ["printf 'caf\\351\\n' > notes.txt"])
+    assert traj.infra_failure is None and traj.reward == 1.0, (traj.infra_failure, traj.reward)
+    assert "+caf\udce9" in traj.patch
+    (back,) = [Trajectory.from_json(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert back.patch == traj.patch  # the JSONL keeps the exact bytes (as JSON escapes)
+
+
+def test_tampering_is_counted_per_iteration(tmp_path, chat, tiny):
+    """A run the canaries catch reaches the trajectory and the iteration's grading/* scalars."""
+    from swe_megatron.pipeline.metrics import rollout_metrics
+
+    noop = "echo \"import sys; sys.modules['_pytest.python'].Function.runtest = lambda self: None\" >> calc/__init__.py"
+    traj, _, _ = _rollout(tmp_path, chat, tiny, [noop])
+    assert traj.infra_failure is None and traj.reward == 0.0 and not traj.resolved
+    assert traj.grading_flags == ["suspicious", "tampered"]
+    metrics = rollout_metrics([traj, Trajectory(task_id="other", sample_index=0)], t_max=8, l_thr=4)
+    assert metrics["grading"] == {"suspicious": 1.0, "tampered": 1.0}
