@@ -166,7 +166,7 @@ class TaskGrading:
     """Test-patch files that exist at base_commit (checked out before the test patch)."""
     canary_file: str | None = None
     """Test file the canaries are appended to (that of the first FAIL_TO_PASS/PASS_TO_PASS pytest id);
-    None where the run keeps no record or no test id names a .py file."""
+    None where the run keeps no record, no test id names a .py file, or the command selects tests (`::`, -k)."""
 
 
 def task_grading(task: Task, base_dir: str | Path | None = None) -> TaskGrading:
@@ -209,6 +209,8 @@ def task_grading(task: Task, base_dir: str | Path | None = None) -> TaskGrading:
         raise TaskGradingError(f"task {task.instance_id}: test_patch does not parse: {e}") from None
     require_record = log_parser in PYTEST_PARSERS and extra.get("harness_record", True) is not False
     files = [t.split("::", 1)[0] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS] if "::" in t]
+    # A command that selects node ids or filters by -k would not collect the canaries (false "tampered").
+    selects = re.search(r"::|(^|\s)-k(\s|=|$)", test_cmd) is not None
     return TaskGrading(
         spec=SandboxSpec(repo_dir=repo_dir or "", env_dir=env_dir, image=image),
         test_cmd=test_cmd,
@@ -217,7 +219,9 @@ def task_grading(task: Task, base_dir: str | Path | None = None) -> TaskGrading:
         require_record=require_record,
         protected=protected,
         existing_test_files=sorted(set(existing)),
-        canary_file=files[0] if require_record and files and files[0].endswith(".py") else None,
+        canary_file=files[0]
+        if require_record and not selects and files and files[0].endswith(".py")
+        else None,
     )
 
 

@@ -231,3 +231,17 @@ def test_empty_and_unparseable_patches_are_empty_not_errors(tmp_path, patch, rea
     result = grade_one(make_task(), patch, _no_sandbox, base_dir=tmp_path, log_dir=tmp_path / "log")
     assert result.status == "empty_patch" and result.reward == 0.0 and reason in result.reason
     assert (tmp_path / "log" / "result.json").exists()
+
+
+@pytest.mark.parametrize(
+    "test_cmd, canaries",
+    [
+        ("python -m pytest tests", True),
+        ("python -m pytest tests/test_clamp.py::test_clamp_high", False),
+        ("python -m pytest -k clamp tests", False),
+        ("python -m pytest -k=clamp tests", False),
+    ],
+)
+def test_canaries_only_where_the_command_collects_whole_files(tmp_path, test_cmd, canaries):
+    task = make_task(test_cmd=test_cmd)
+    assert (task_grading(task, tmp_path).canary_file == F2P[0].split("::")[0]) is canaries
