@@ -3,7 +3,8 @@
 Predictions: JSONL, one {"instance_id", "model_name_or_path", "model_patch"} per line (model_patch may be
 null or ""). A JSON list of such objects is accepted too. The report keeps SWE-bench's run-report keys
 (resolved_ids, unresolved_ids, error_ids, empty_patch_ids, counts) and adds `instances`: per instance
-the status, reason, FAIL_TO_PASS/PASS_TO_PASS success/failure lists, dropped files and log path.
+the status, reason, FAIL_TO_PASS/PASS_TO_PASS success/failure lists, dropped files and log path, and
+`suspicious_ids` / `tampered_ids` (grader.GradeResult.suspicious / .tampered).
 
 Where this differs from SWE-bench: a patch that does not apply is unresolved (it is the model's
 failure; SWE-bench files it under errors), and error_ids holds infrastructure failures only.
@@ -123,6 +124,8 @@ def build_report(
         "empty_patch_ids": by_status[EMPTY_PATCH],
         "error_ids": by_status[ERROR],
         "dropped_files": sum(len(r.dropped) for r in results),
+        "suspicious_ids": [r.instance_id for r in results if r.suspicious],
+        "tampered_ids": [r.instance_id for r in results if r.tampered],
         "instances": instances,
     }
 

@@ -6,7 +6,8 @@ import dataclasses
 import json
 
 import pytest
-from attacks import ATTACKS
+from attacks import ATTACKS, FIX, RUNNER_ATTACKS
+from tiny_task import INIT, diff
 from tiny_task import unbuilt_task as make_task
 
 from swe_megatron.cli import main
@@ -107,13 +108,14 @@ def test_grade_command_rejects_tasks_it_cannot_grade(files, capsys):
 
 @pytest.mark.sandbox
 def test_grade_command_end_to_end(tiny, sandbox_factory, tmp_path, capsys):
-    """Gold, empty and cheating predictions for copies of the tiny task, two graders at once."""
+    """Gold, empty, cheating and tampering predictions for copies of the tiny task, two graders at once."""
     task, base = tiny
     rows, preds = [], []
     for name, patch in [
         ("gold", task.patch),
         ("empty", ""),
         ("cheat", ATTACKS["conftest_rewrites_outcomes"][0]),
+        ("tamper", FIX + diff(("calc/__init__.py", INIT, RUNNER_ATTACKS["runtest_noop"] + INIT))),
     ]:
         iid = f"calc__calc-{name}"
         rows.append({**task_row(task), "instance_id": iid})
@@ -135,15 +137,16 @@ def test_grade_command_end_to_end(tiny, sandbox_factory, tmp_path, capsys):
     assert main([*argv, "--sandbox", "bwrap"]) == 0
     report = json.loads(out.read_text())
     assert report["resolved_ids"] == ["calc__calc-gold"]
-    assert report["unresolved_ids"] == ["calc__calc-cheat"]
+    assert report["unresolved_ids"] == ["calc__calc-cheat", "calc__calc-tamper"]
+    assert report["tampered_ids"] == report["suspicious_ids"] == ["calc__calc-tamper"]
     assert report["empty_patch_ids"] == ["calc__calc-empty"] and report["error_ids"] == []
     cheat = report["instances"]["calc__calc-cheat"]
     assert cheat["dropped"] == [{"path": "conftest.py", "reason": "conftest.py"}]
     assert report["instances"]["calc__calc-gold"]["FAIL_TO_PASS"]["success"] == task.FAIL_TO_PASS
-    assert report["model_name_or_path"] == "tiny-model" and report["submitted_instances"] == 3
+    assert report["model_name_or_path"] == "tiny-model" and report["submitted_instances"] == 4
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert (tmp_path / "report.logs" / "calc__calc-gold" / "test_output.txt").exists()
-    assert "resolved 1/3" in capsys.readouterr().out
+    assert "resolved 1/4" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
