@@ -4,6 +4,10 @@ It keeps the harness's own record of every test's outcome, written to a JSON fil
 finishes, so the grader can cross-check the printed log: a test process that exits early (os._exit(0)
 at import), or prints fake "PASSED ..." lines, leaves a record that is missing or disagrees.
 
+The record lives in the process the patch's code runs in, so that code can rewrite it (this module's
+globals, pytest itself, the file): the grader believes it only together with its canary tests
+(grader.Canaries, docs/security.md), whose names and outcomes the patch cannot know in advance.
+
 pytest imports PYTEST_PLUGINS modules before any conftest or test module, so this file claims its
 one-time token first: it reads the record path from the token file and deletes it, so code imported
 later cannot learn where the record goes from the environment or the token file. The record has a
