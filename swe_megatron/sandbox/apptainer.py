@@ -9,7 +9,10 @@ One `apptainer exec` per sandbox runs the shell's supervisor (shell.py); a shell
 inside the same container. The image stays read-only; writes outside /testbed land in a tmpfs overlay
 (--writable-tmpfs) and are lost if the whole sandbox restarts. --contain gives a private /tmp and /dev,
 --no-home and --no-mount keep the user's home, the cwd and the admin's `bind path` entries out, and
-`--net --network none` leaves only loopback. The apptainer CLI is the whole interface (no spython).
+`--net --network none` leaves only loopback. The apptainer CLI is the whole interface. spython (0.3.14, the
+maintained Apptainer client on PyPI) does not fit: its exec runs a fixed `singularity` binary to completion
+(communicate) or streams stdout lines as text, with no stdin pipe, no binary output and no prefix command
+(setpriv/prlimit/cgroup join), and the sandbox's shell supervisor needs all four.
 
 Limits: CPU seconds, file size and open files with prlimit. Memory and processes of the whole sandbox:
 in the sandbox's own cgroup (shell.py, cgroups.py) where this process can make one (root, or a delegated

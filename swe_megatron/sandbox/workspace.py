@@ -31,6 +31,7 @@ from pathlib import Path
 
 from swe_megatron.sandbox.base import SandboxError
 from swe_megatron.sandbox.cgroups import warn_once
+from swe_megatron.sandbox.git_history import cut_to_head
 
 LOCK_NAME = ".lock"
 MAX_SYMLINK_HOPS = 40
@@ -292,6 +293,10 @@ class Workspace:
                 ws.disk_capped = _mount_tmpfs(ws.repo, disk_mb, uid, gid)
             _copy_tree(src, ws.repo, uid, gid)
             os.chown(ws.repo, uid, gid)
+            cut_to_head(ws.repo, uid, gid)  # nothing after the base commit (git_history.py)
+        except SandboxError:
+            ws.remove()
+            raise
         except OSError as e:
             ws.remove()
             hint = f" (more than sandbox.workspace_mb={disk_mb})" if e.errno == errno.ENOSPC else ""
