@@ -111,3 +111,23 @@ def test_drift_is_detected(chat):
     assert check_provenance(chat, msgs, ledger.token_ids, ledger.turn_spans).drifted
     # a turn span that does not end with the end-of-turn token
     assert check_provenance(chat, ledger.messages, ledger.token_ids, [[s0, e0 - 1], [s1, e1]]).drifted
+
+
+def test_observation_ids_that_decode_right_but_are_not_the_templates_tokens_are_drift(chat):
+    """An observation tokenised some other way (here: one id per character) decodes to exactly the rendered
+    text; only the canonical-tokenisation check tells it from the template's tokens."""
+    ledger = TokenLedger.start(chat, "s", "u")
+    ledger.add_assistant(*sampled(chat, "```\nls\n```"))
+    ledger.add_observation("pytest output")
+    ledger.add_assistant(*sampled(chat, "```\nsubmit\n```"))
+    (s0, e0), (s1, e1) = ledger.turn_spans
+    seg = ledger.token_ids[e0:s1]
+    (word,) = chat.encode(" output")  # one token of the observation's text
+    at = seg.index(word)
+    spelled = [t for ch in chat.decode([seg[at]]) for t in chat.encode(ch)]
+    seg = seg[:at] + spelled + seg[at + 1 :]
+    ids = ledger.token_ids[:e0] + seg + ledger.token_ids[s1:]
+    shift = len(spelled) - 1
+    assert shift > 0 and chat.decode(ids) == chat.decode(ledger.token_ids)
+    r = check_provenance(chat, ledger.messages, ids, [[s0, e0], [s1 + shift, e1 + shift]])
+    assert r.drifted and "not the template's tokenisation" in r.detail, r
