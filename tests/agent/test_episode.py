@@ -107,6 +107,18 @@ def test_turn_and_context_limits_are_model_outcomes_with_a_patch(task, chat):
     traj.check()
 
 
+def test_no_observation_follows_the_last_allowed_turn(task, chat):
+    """The trained sequence ends with the t_max-th assistant turn: an observation after it would be context the
+    model never acts on (and tokens the turn limit should have stopped)."""
+    turns = ["```\nls\n```"] * 10
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: turns}), chat, t_max=3)
+    assert traj.exit_reason == ExitReason.turn_limit and traj.num_steps == 3
+    assert [m["role"] for m in traj.messages] == ["system", "user"] + ["assistant", "user"] * 2 + [
+        "assistant"
+    ]
+    assert traj.turn_spans[-1][1] == len(traj.token_ids) and traj.action_mask[-1] == 1
+
+
 def test_engine_and_sandbox_failures_are_infrastructure(task, chat):
     class Broken(ScriptedPolicy):
         def generate(self, prompt_ids, max_tokens, session=""):
