@@ -95,6 +95,17 @@ def test_rename_into_a_protected_path_is_dropped():
     assert clean.is_empty and clean.dropped[0].reason == "conftest.py"
 
 
+@pytest.mark.parametrize("target", ["tests/helpers.py", "test/data/input.json", "testing/fixtures.py"])
+@pytest.mark.parametrize("how", ["rename", "copy"])
+def test_rename_or_copy_into_a_top_level_test_folder_is_dropped(how, target):
+    """rename/copy lines carry no a/ b/ prefix: the test folder is the path's FIRST part there."""
+    patch = (
+        f"diff --git a/pkg/x.py b/pkg/x.py\nsimilarity index 100%\n{how} from pkg/x.py\n{how} to {target}\n"
+    )
+    clean = sanitize_patch(patch)
+    assert clean.is_empty and [d.reason for d in clean.dropped] == ["test file"], clean.dropped
+
+
 def test_header_rename_lines_that_disagree_with_the_file_names_are_checked():
     patch = (
         "diff --git a/pkg/x.py b/pkg/x.py\nsimilarity index 90%\nrename from pkg/x.py\nrename to conftest.py\n"
