@@ -19,6 +19,21 @@ def test_scalars_histograms_text_read_back(tmp_path):
     assert (
         "rollout/missing" not in scalars and "rollout/bad" not in scalars and "rollout/label" not in scalars
     )
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (tmp_path / "tb").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events), size_guidance={"histograms": 0, "tensors": 0})
+    acc.Reload()
+    assert "rollout/empty" not in acc.Tags()["histograms"]
+    hist = [(e.step, e.histogram_value) for e in acc.Histograms("rollout/steps")]
+    assert [(step, h.num, h.sum, h.min, h.max) for step, h in hist] == [
+        (it, 3, 6 + it, 1, 3 + it) for it in range(3)
+    ]
+    texts = [
+        (e.step, e.tensor_proto.string_val[0].decode())
+        for e in acc.Tensors("samples/trajectory/text_summary")
+    ]
+    assert texts == [(it, f"**turn** {it}") for it in range(3)]
 
 
 def test_null_monitor_writes_nothing(tmp_path):
