@@ -16,7 +16,7 @@ from swe_megatron.pipeline.topology import Topology
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
 from swe_megatron.sandbox.base import SandboxSpec
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
 
 def _children() -> set[int]:
@@ -50,14 +50,15 @@ def test_topology_with_rendezvous_starts_no_process(tmp_path):
             assert topo.sandbox_proc is None and topo.servers == []
             pids = tmp_path / "topology" / "pids.json"
             assert not pids.exists() or json.loads(pids.read_text()) == []
-            if missing() is None:  # a sandbox on each server in turn
-                repo = tmp_path / "repo"
-                repo.mkdir()
-                (repo / "f.txt").write_text("hi\n")
-                for _ in range(2):
-                    with pool.sandbox(SandboxSpec(repo_dir=str(repo))) as sb:
-                        assert sb.exec("cat f.txt").output == b"hi\n"
-                assert pool.rotation.load == [0, 0]
+            repo = tmp_path / "repo"  # a sandbox on each server in turn
+            repo.mkdir()
+            (repo / "f.txt").write_text("hi\n")
+            used = []
+            for _ in range(2):
+                with pool.sandbox(SandboxSpec(repo_dir=str(repo))) as sb:
+                    assert sb.exec("cat f.txt").output == b"hi\n"
+                    used.append([s.workspaces() != [] for s in servers].index(True))
+            assert sorted(used) == [0, 1] and pool.rotation.load == [0, 0]
         for s in servers:  # the job's servers outlive the driver's topology
             assert s.proc.poll() is None
         for e in engines:

@@ -29,8 +29,8 @@ def test_runs_as_an_unprivileged_user_without_capabilities(sandbox):
     host_uid = sandbox.user.uid
     assert host_uid != 0
     span = subuid_range("swe-sandbox", sandbox.user.uid)
-    if span:  # with tools/sandbox_setup.sh: a uid of its own from the reserved range
-        assert span[0] <= host_uid < span[0] + span[1]
+    # tools/sandbox_setup.sh (which these tests need) reserves the range: a uid of its own from it
+    assert span is not None and span[0] <= host_uid < span[0] + span[1], span
 
 
 def test_host_files_are_invisible(sandbox):
