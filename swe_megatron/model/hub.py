@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from swe_megatron.errors import UsageError
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(UsageError, FileNotFoundError):
     """model.hf_path is neither a folder nor a hub id present in the local Hugging Face cache."""
 
 

@@ -126,8 +126,9 @@ def load_tokenizer(name: str):
 
     from swe_megatron.model.hub import resolve_model_path
 
+    path = resolve_model_path(name)  # a missing folder or uncached hub id: one error naming it and the cache
     try:
-        return AutoTokenizer.from_pretrained(str(resolve_model_path(name)))
+        return AutoTokenizer.from_pretrained(str(path))
     except OSError as e:
         raise TokenizerError(
             f"cannot load tokenizer {name!r}: {e}; use 'qwen2.5' or a checkpoint folder"

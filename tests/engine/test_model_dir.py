@@ -15,6 +15,7 @@ import pytest
 from swe_megatron.config.schema import ModelConfig, RopeScalingConfig
 from swe_megatron.engine.hf import save_tiny_checkpoint
 from swe_megatron.engine.vllm_server import engine_model_dir
+from swe_megatron.errors import UsageError
 from swe_megatron.train.export import hf_config_dict
 
 TINY = ModelConfig(num_layers=1, num_attention_heads=2, num_key_value_heads=1)
@@ -115,7 +116,7 @@ def test_engine_folder_has_the_trainers_config_not_the_base_models(tmp_path):
     assert (
         engine_model_dir(YARN, tmp_path / "engine", base) == served and not (tmp_path / "engine.tmp").exists()
     )
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(UsageError, match="does not exist"):  # the CLI prints it as one line
         engine_model_dir(YARN, tmp_path / "engine", tmp_path / "nowhere")
 
 
