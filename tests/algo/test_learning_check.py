@@ -13,13 +13,24 @@ a digit (hallucinating the environment's success message) instead of answering. 
 about 0.15, direct guessing 0.25, LOOK-then-copy 1.0.
 
 Rollouts go through the real pieces: Trajectory records with engine logprobs, build_dapo_batch
-(group advantages, dynamic sampling), split_optimizer_steps, dapo_loss with the global token count.
+(group advantages, dynamic sampling), the trajectories' loss masks, to_samples and pack (the trainer's
+micro-batches), split_optimizer_steps, dapo_loss with the step's global token count. The two bug tests put
+the bug into the project's code (monkeypatched), not into this file's trainer.
 """
 
 import pytest
 import torch
 
-from swe_megatron.algo import DapoOptions, build_dapo_batch, dapo_loss, split_optimizer_steps, token_logprobs
+from swe_megatron.algo import (
+    DapoOptions,
+    build_dapo_batch,
+    dapo_batch,
+    dapo_loss,
+    split_optimizer_steps,
+    token_logprobs,
+)
+from swe_megatron.pipeline.stages import to_samples
+from swe_megatron.train.packing import pack
 from swe_megatron.trajectory import ExitReason, Trajectory
 
 START, LOOK, OK, BAD = 0, 1, 2, 3
@@ -76,7 +87,10 @@ def _success_rate(w: torch.Tensor, gen: torch.Generator, n: int = 1024) -> float
     return sum(t.reward for t in _rollout(w, secrets, gen)) / n
 
 
-def _train(bug: str | None, seed: int, iterations: int = 60, tasks: int = 16, group: int = 8):
+def _train(seed: int, iterations: int = 60, tasks: int = 16, group: int = 8):
+    """DAPO through the project's own data path: build_dapo_batch (advantages, dynamic sampling), the
+    trajectories' loss masks, pipeline.stages.to_samples, train.packing.pack (rows, targets, per-token
+    advantages, engine logprobs as the old policy), dapo_loss over the step's global action-token count."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.zeros(V, V, requires_grad=True)
     opt = torch.optim.Adam([w], lr=0.1)
@@ -86,37 +100,25 @@ def _train(bug: str | None, seed: int, iterations: int = 60, tasks: int = 16, gr
     for it in range(iterations):
         secrets = torch.randint(0, DIGITS, (tasks,), generator=gen).repeat_interleave(group).tolist()
         batch = build_dapo_batch(_rollout(w, secrets, gen), options)
-        k = len(batch.trajectories)
-        if k == 0:
+        trajs = batch.trajectories
+        if not trajs:
             continue
-        tokens = torch.full((k, MAX_LEN), START)
-        mask = torch.zeros(k, MAX_LEN, dtype=torch.bool)
-        action = torch.zeros(k, MAX_LEN, dtype=torch.bool)
-        old = torch.zeros(k, MAX_LEN)
-        for row, t in enumerate(batch.trajectories):
-            tokens[row, : len(t.token_ids)] = torch.tensor(t.token_ids)
-            old[row, : len(t.token_ids)] = torch.tensor(t.logprobs)
-            action[row, : len(t.token_ids)] = torch.tensor(t.action_mask, dtype=torch.bool)
-            if bug == "observations_trained":
-                mask[row, t.prompt_len : len(t.token_ids)] = True
-        if bug != "observations_trained":
-            mask = action
-        if bug == "observations_trained":
-            # the buggy trainer also takes "old" logprobs for observation tokens from the sampling weights
-            with torch.no_grad():
-                recomputed = torch.cat(
-                    [torch.zeros(k, 1), token_logprobs(w[tokens[:, :-1]], tokens[:, 1:])], 1
-                )
-            old = torch.where(mask & ~action, recomputed, old)
-        adv = -batch.advantages if bug == "wrong_sign" else batch.advantages
-        for step in split_optimizer_steps(list(range(k)), batch_size=32, min_steps=2, max_steps=8, seed=it):
-            r = torch.tensor(step)
-            lp = torch.cat([torch.zeros(len(step), 1), token_logprobs(w[tokens[r, :-1]], tokens[r, 1:])], 1)
-            loss, _ = dapo_loss(
-                lp, old[r], adv[r], mask[r], options.eps_low, options.eps_high, int(mask[r].sum())
-            )
+        samples = to_samples(
+            trajs, [t.loss_mask(mask_malformed=False) for t in trajs], batch.advantages.tolist()
+        )
+        for step in split_optimizer_steps(
+            list(range(len(samples))), batch_size=32, min_steps=2, max_steps=8, seed=it
+        ):
+            mbs = pack([samples[i] for i in step], token_budget=64)
+            total = sum(mb.num_action_tokens for mb in mbs)
             opt.zero_grad()
-            loss.backward()
+            for mb in mbs:
+                # the table policy: the logits at a position are W[token there]; rows index the [b * s] positions
+                lp = token_logprobs(w[mb.tokens.flatten()[mb.rows]], mb.targets)
+                old = mb.engine_logprobs
+                loss, _ = dapo_loss(lp, old, mb.advantages, torch.ones_like(lp, dtype=torch.bool),
+                                    options.eps_low, options.eps_high, total)  # fmt: skip
+                loss.backward()
             torch.nn.utils.clip_grad_norm_([w], 1.0)
             opt.step()
     return before, _success_rate(w, gen)
@@ -124,17 +126,27 @@ def _train(bug: str | None, seed: int, iterations: int = 60, tasks: int = 16, gr
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_dapo_learns_to_look_and_copy(seed):
-    before, after = _train(None, seed)
+    before, after = _train(seed)
     assert before < 0.2
     assert after > 0.9
 
 
-def test_training_observation_tokens_breaks_it():
-    before, after = _train("observations_trained", 0)
+def test_training_observation_tokens_breaks_it(monkeypatch):
+    """The bug in the project: Trajectory.loss_mask also marks observation tokens (whose logprobs are the
+    environment's 0.0). The same trainer then learns to hallucinate the verdict instead of answering."""
+
+    def every_token_after_the_prompt(self, mask_malformed):
+        return [0] * self.prompt_len + [1] * (len(self.token_ids) - self.prompt_len)
+
+    monkeypatch.setattr(Trajectory, "loss_mask", every_token_after_the_prompt)
+    before, after = _train(0)
     assert before < 0.2
     assert after < 0.5
 
 
-def test_wrong_advantage_sign_unlearns():
-    before, after = _train("wrong_sign", 0)
+def test_wrong_advantage_sign_unlearns(monkeypatch):
+    """The bug in the project: group advantages with the wrong sign (algo/advantages.py as dapo_batch calls it)."""
+    right = dapo_batch.group_advantages
+    monkeypatch.setattr(dapo_batch, "group_advantages", lambda *a, **k: -right(*a, **k))
+    before, after = _train(0)
     assert after < 0.05 < before
