@@ -109,10 +109,12 @@ def spec_from_json(data: dict) -> SandboxSpec:
     for name in ("env_dir", "image"):
         text_field(data, name, optional=True)
     env = data.get("env")
-    if env is not None and not (
-        isinstance(env, dict) and all(text_field({"env": v}, "env") for v in env.values())
-    ):
-        raise BadField(f"env={env!r} is invalid; allowed: an object of string values, or null")
+    if env is not None:
+        if not isinstance(env, dict):
+            raise BadField(f"env={env!r} is invalid; allowed: an object of string values, or null")
+        for key, value in env.items():
+            text_field({"env": key}, "env")
+            text_field({f"env.{key}": value}, f"env.{key}")
     return spec
 
 

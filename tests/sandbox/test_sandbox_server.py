@@ -136,6 +136,7 @@ MALFORMED = [  # (endpoint, body, the field the answer must name)
     ("start", {"spec": {"repo_dir": "/x", "workdir": "testbed"}}, "workdir"),
     ("start", {"spec": {"repo_dir": "/x", "env": {"A": 1}}}, "env"),
     ("start", {"spec": {"repo_dir": "/x", "env": ["A"]}}, "env"),
+    ("start", {"spec": {"repo_dir": "/x", "env": {"A\x00": "1"}}}, "env"),
     ("start", {"spec": {"repo_dir": "/x", "env_dir": 1}}, "env_dir"),
     ("start", {"spec": {"repo_dir": "/x", "image": "a\x00"}}, "image"),
     ("start", {"spec": "repo"}, "spec"),
@@ -145,7 +146,7 @@ MALFORMED = [  # (endpoint, body, the field the answer must name)
 def test_every_malformed_request_field_is_a_400_naming_it(server, repo):
     """A NUL path, bad base64 or a NaN timeout were answered 500, timeout_s=-1 restarted the sandbox's shell and
     Infinity ran unbounded; every malformed field is now refused with 400 naming it, and the sandbox is untouched."""
-    with server.client() as client, client.sandbox(SandboxSpec(repo_dir=str(repo))) as sb:
+    with server.client() as client, client.sandbox(SandboxSpec(repo_dir=str(repo), env={"EMPTY": ""})) as sb:
         sb.exec("export MARK=kept; cd pkg")
         for endpoint, body, field in MALFORMED:
             path = "/v1/sandboxes" if endpoint == "start" else f"/v1/sandboxes/{sb.id}/{endpoint}"
@@ -247,4 +248,6 @@ def test_the_command_refuses_a_bad_setup(tmp_path, capsys, monkeypatch):
     for bad in (["--max-concurrent", "0"], ["--port", "-1"], ["--port", "70000"]):
         assert main(["sandbox-server", "--token-file", str(token), *bad]) == 2
         err = capsys.readouterr().err
-        assert bad[0].removeprefix("--").replace("-", "_") in err.replace("-", "_") and err.count("\n") == 1, err
+        assert (
+            bad[0].removeprefix("--").replace("-", "_") in err.replace("-", "_") and err.count("\n") == 1
+        ), err
