@@ -28,6 +28,7 @@ from swe_megatron.pipeline.stages import (
 from swe_megatron.pipeline.tasks import ensure_tasks, log_task_filter
 from swe_megatron.pipeline.topology import NullTopology, Topology
 from swe_megatron.tasks.filters import FilterReport
+from swe_megatron.train.model import check_matches_hf
 
 EXIT_RESUMABLE = 75
 """Exit status of a run stopped on request (RUN_DIR/STOP) before the end of its schedule."""
@@ -72,6 +73,8 @@ def run(cfg) -> int:
 def _open(cfg, run_dir: RunDir) -> tuple[dict, list, FilterReport, dict]:
     """Rank 0: bind the config to the run directory; training and held-out tasks, the task filters' report;
     the committed state."""
+    if cfg.model.hf_path:
+        check_matches_hf(cfg.model, cfg.model.hf_path)  # before anything is written or started
     run_dir.bind_config(cfg)
     return (*ensure_tasks(cfg), run_dir.state)
 

@@ -79,6 +79,37 @@ def model_config_from_hf(hf_config, name: str = "hf") -> ModelConfig:
     )
 
 
+_SHAPE_KEYS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+               "num_attention_heads", "num_key_value_heads", "rope_theta", "rms_norm_eps", "qkv_bias",
+               "tie_word_embeddings")  # fmt: skip
+
+
+def check_matches_hf(model: ModelConfig, folder) -> None:
+    """Refuse a `model` config whose architecture differs from the config.json of the weights it starts from.
+
+    The trainer builds its model from `model` and engines serve the trainer's own config.json, so a preset
+    that disagreed with the checkpoint (rope theta, norm eps, tied head) would train and serve a model the
+    weights were never trained as, silently. Rope scaling and context length are the run's choice, not checked.
+    """
+    from transformers import AutoConfig
+
+    from swe_megatron.errors import UsageError
+    from swe_megatron.model.hub import resolve_model_path
+
+    hf = model_config_from_hf(AutoConfig.from_pretrained(resolve_model_path(folder)), name=str(folder))
+    wrong = []
+    for key in _SHAPE_KEYS:
+        ours, theirs = getattr(model, key), getattr(hf, key)
+        same = abs(ours - theirs) <= 1e-6 * abs(theirs) if isinstance(theirs, float) else ours == theirs
+        if not same:
+            wrong.append(f"model.{key}={ours!r} (config.json: {theirs!r})")
+    if wrong:
+        raise UsageError(
+            f"model config does not match the weights in {folder}: {'; '.join(wrong)}. Set these keys to the "
+            "checkpoint's values (or point model.hf_path at the checkpoint the preset describes)."
+        )
+
+
 def use_transformer_engine(parallel: ParallelConfig) -> bool:
     """Whether the Transformer Engine layer spec is used: by config, and only with CUDA and TE installed."""
     if parallel.transformer_impl == TransformerImpl.local:

@@ -102,3 +102,24 @@ def test_action_logprobs_equal_full_logits_reference(megatron_world):
     g_ref = torch.autograd.grad(ref.sum(), [hidden, weight])
     for a, r in zip(g_ours, g_ref):
         assert torch.allclose(a, r, atol=1e-6, rtol=0)
+
+
+def test_a_preset_that_disagrees_with_its_checkpoint_is_refused(tmp_path):
+    """The trainer builds from the preset, the engine serves the trainer's config.json: a preset whose shape or
+    rope theta differs from the weights' own config.json must stop the run, not train a silently different model."""
+    import dataclasses
+
+    from swe_megatron.config.schema import ModelConfig
+    from swe_megatron.engine.hf import tiny_qwen2
+    from swe_megatron.errors import UsageError
+    from swe_megatron.train.model import check_matches_hf
+
+    cfg = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=1,  # real vocabulary: tiny_qwen2 pads
+                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    tiny_qwen2(cfg).save_pretrained(str(tmp_path))
+    check_matches_hf(cfg, tmp_path)  # the same shape passes
+    for key, value in [("rope_theta", 10000.0), ("tie_word_embeddings", True), ("rms_norm_eps", 1e-5),
+                       ("num_key_value_heads", 4)]:  # fmt: skip
+        with pytest.raises(UsageError, match=rf"model\.{key}=.*config\.json") as err:
+            check_matches_hf(dataclasses.replace(cfg, **{key: value}), tmp_path)
+        assert "\n" not in str(err.value)
