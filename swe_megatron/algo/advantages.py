@@ -22,7 +22,7 @@ STD_KINDS = ("population", "sample")
 
 def group_advantages(
     rewards: Sequence[float] | torch.Tensor,
-    group_ids: Sequence[Hashable],
+    group_ids: Sequence[Hashable] | torch.Tensor,
     eps: float,
     std: str = "population",
     dtype: torch.dtype = torch.float32,
@@ -30,7 +30,7 @@ def group_advantages(
     """Per-trajectory advantages normalised within each group.
 
     rewards: [N] final rewards (test reward + length penalty). group_ids: [N] group key of each
-    trajectory (its task id). eps: the delta added to the std. std: "population" or "sample".
+    trajectory (its task id; a 1-D tensor groups by value). eps: the delta added to the std. std: "population" or "sample".
     Returns a [N] tensor of `dtype`, computed in float64; groups with all rewards equal (including
     groups of one) are exactly 0.
     """
@@ -38,6 +38,12 @@ def group_advantages(
     if std not in STD_KINDS:
         raise ValueError(f"group_advantages: std={std!r} is invalid; allowed: {', '.join(STD_KINDS)}")
     r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
+    if isinstance(group_ids, torch.Tensor):
+        if group_ids.dim() != 1:
+            raise ValueError(
+                f"group_advantages: group_ids is a tensor of shape {tuple(group_ids.shape)}; allowed: 1-D [N]"
+            )
+        group_ids = group_ids.tolist()  # tensor elements hash by identity: every element its own group
     if len(group_ids) != r.numel():
         raise ValueError(f"group_advantages: {r.numel()} rewards but {len(group_ids)} group ids")
     out = torch.zeros_like(r)

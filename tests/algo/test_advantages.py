@@ -66,3 +66,15 @@ def test_population_advantages_have_zero_mean_and_unit_mean_square(rewards):
     adv = group_advantages(rewards, [0] * len(rewards), eps=0.0, dtype=torch.float64)
     assert adv.mean().item() == pytest.approx(0.0, abs=1e-9)
     assert (adv**2).mean().item() == pytest.approx(1.0, rel=1e-9)
+
+
+def test_tensor_group_ids_group_by_value():
+    """Group ids given as a tensor group by value (its elements hash by identity, which made every trajectory
+    its own group and every advantage 0)."""
+    rewards = [1.0, 0.0, 1.0, 0.0]
+    expected = group_advantages(rewards, [7, 7, 9, 9], eps=0.0, dtype=torch.float64)
+    got = group_advantages(rewards, torch.tensor([7, 7, 9, 9]), eps=0.0, dtype=torch.float64)
+    torch.testing.assert_close(got, expected)
+    assert got.abs().sum() > 0
+    with pytest.raises(ValueError, match="group_ids.*1-D"):
+        group_advantages(rewards, torch.tensor([[7, 7], [9, 9]]), eps=0.0)
