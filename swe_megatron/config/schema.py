@@ -343,8 +343,6 @@ class EngineConfig:
     """How trainer weights reach the servers each iteration: "file" (sharded HF safetensors export that the
     servers reload; CPU and GPU) or "nccl" (GPU: trainer rank 0 broadcasts the tensors straight into the
     servers' workers, which need `--worker-extension-cls swe_megatron.train.weight_sync.WeightReceiver`)."""
-    weight_sync_port: int = 29650
-    """nccl weight sync: TCP port of the rendezvous store that trainer rank 0 opens for the servers' workers."""
 
 
 @dataclass
