@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from swe_megatron.errors import UsageError
+
 
 def _launch(args: argparse.Namespace) -> int:
     from swe_megatron.launch.submit import submit
@@ -26,7 +28,6 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _build_sifs(args: argparse.Namespace) -> int:
-    from swe_megatron.cli import UsageError
     from swe_megatron.launch.sifs import SifBuilder, task_image
     from swe_megatron.tasks.load import load_tasks
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swe_megatron.errors import UsageError
+
 
 def _run(args: argparse.Namespace) -> int:
     from swe_megatron.config.load import load_config
@@ -22,7 +24,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from swe_megatron.cli import UsageError
     from swe_megatron.config.load import load_config
     from swe_megatron.pipeline.eval import evaluate
     from swe_megatron.pipeline.stages import Context

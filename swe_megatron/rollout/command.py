@@ -17,11 +17,12 @@ import json
 import sys
 from pathlib import Path
 
+from swe_megatron.errors import UsageError
+
 
 def _rollout(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from swe_megatron.cli import UsageError
     from swe_megatron.config.load import load_config
     from swe_megatron.launch import rendezvous
     from swe_megatron.rollout.rollouts import run_rollouts
@@ -130,7 +131,6 @@ def render_trajectory(traj, color: bool = False) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from swe_megatron.cli import UsageError
     from swe_megatron.trajectory import Trajectory
 
     try:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from swe_megatron.errors import UsageError
 from swe_megatron.tasks.factory.pypi import DEFAULT_PACKAGES
 
 
 def _make_tasks(args: argparse.Namespace) -> int:
-    from swe_megatron.cli import UsageError
     from swe_megatron.tasks.factory.build import FactoryConfig, make_tasks
     from swe_megatron.tasks.factory.pypi import PackageSpec
 
