@@ -107,9 +107,8 @@ def sandbox_problems(sb: Any) -> list[str]:
     return out
 
 
-def validate(cfg: Any) -> list[str]:
-    """All problems with a composed RunConfig, as one-line messages (empty when valid)."""
-    out: list[str] = []
+def _schedule_problems(cfg: Any) -> list[str]:
+    out = []
     for entry in cfg.schedule:
         if entry not in SCHEDULE_NAMES:
             out.append(f"schedule entry {entry!r} is invalid; allowed: {', '.join(SCHEDULE_NAMES)}")
@@ -117,7 +116,11 @@ def validate(cfg: Any) -> list[str]:
         out.append(
             f"schedule={list(cfg.schedule)} repeats a stage; allowed: each of {', '.join(SCHEDULE_NAMES)} once"
         )
-    m = cfg.model
+    return out
+
+
+def _model_problems(m: Any) -> list[str]:
+    out = []
     if m.architecture not in ("qwen2", "llama"):
         out.append(f"model.architecture={m.architecture!r} is invalid; allowed: qwen2, llama")
     if m.hidden_size % m.num_attention_heads or m.num_attention_heads % m.num_key_value_heads:
@@ -144,10 +147,12 @@ def validate(cfg: Any) -> list[str]:
         )
     if m.params_dtype not in ("float32", "bfloat16", "float16"):
         out.append(f"model.params_dtype={m.params_dtype!r} is invalid; allowed: float32, bfloat16, float16")
+    return out
+
+
+def _sampling_algo_problems(cfg: Any) -> list[str]:
+    out = []
     rl_stages = [n for n in STAGE_NAMES if n in cfg.schedule and cfg[n].kind == StageKind.dapo]
-    for name in STAGE_NAMES:
-        if name in cfg.schedule:
-            out += _stage_problems(name, cfg[name], m)
     for key, off in UNTRUNCATED.items():
         if rl_stages and cfg.sampling[key] != off:
             out.append(
@@ -161,7 +166,11 @@ def validate(cfg: Any) -> list[str]:
             f"algo.adv_eps={cfg.algo.adv_eps} / oversample_factor={cfg.algo.oversample_factor} are invalid; "
             "allowed: adv_eps >= 0, oversample_factor >= 1.0"
         )
-    p = cfg.parallel
+    return out
+
+
+def _parallel_problems(p: Any, m: Any) -> list[str]:
+    out = []
     degrees = {
         "tensor_parallel": p.tensor_parallel,
         "pipeline_parallel": p.pipeline_parallel,
@@ -187,15 +196,12 @@ def validate(cfg: Any) -> list[str]:
         )
     if p.micro_batch_tokens < 1:
         out.append(f"parallel.micro_batch_tokens={p.micro_batch_tokens} is invalid; allowed: an integer >= 1")
-    if cfg.sandbox.backend == SandboxBackend.local and not cfg.sandbox.allow_local:
-        out.append(
-            "sandbox.backend=local runs agent code unsandboxed; allowed: bwrap or apptainer, "
-            "or set sandbox.allow_local=true for development"
-        )
-    out += sandbox_problems(cfg.sandbox)
-    if cfg.engine.weight_sync not in ("file", "nccl"):
-        out.append(f"engine.weight_sync={cfg.engine.weight_sync!r} is invalid; allowed: file, nccl")
-    c = cfg.cluster
+    return out
+
+
+def _cluster_problems(cfg: Any) -> list[str]:
+    out = []
+    c, p = cfg.cluster, cfg.parallel
     if c.trainer_nodes + c.engine_nodes > c.nodes or c.trainer_nodes < 1:
         out.append(
             f"cluster.trainer_nodes ({c.trainer_nodes}) + engine_nodes ({c.engine_nodes}) must be between 1 "
@@ -206,22 +212,52 @@ def validate(cfg: Any) -> list[str]:
             f"parallel.world_size={p.world_size} exceeds the trainer's GPUs "
             f"(cluster.trainer_nodes x gpus_per_node = {c.trainer_nodes * c.gpus_per_node})"
         )
+    return out
+
+
+def _agent_problems(cfg: Any) -> list[str]:
+    out = []
     a = cfg.agent
     if a.concurrency < 1 or a.infra_retries < 0 or a.prewarm_sandboxes < 0:
         out.append(
             f"agent.concurrency={a.concurrency} / infra_retries={a.infra_retries} / prewarm_sandboxes="
             f"{a.prewarm_sandboxes} are invalid; allowed: concurrency >= 1, infra_retries >= 0, prewarm_sandboxes >= 0"
         )
-    slots = cfg.sandbox.max_concurrent * max(1, c.nodes)  # one sandbox server per node
+    nodes = max(1, cfg.cluster.nodes)
+    slots = cfg.sandbox.max_concurrent * nodes  # one sandbox server per node
     if a.concurrency > slots:
         out.append(
             f"agent.concurrency={a.concurrency} is invalid; allowed: at most sandbox.max_concurrent x cluster.nodes "
-            f"({cfg.sandbox.max_concurrent} x {max(1, c.nodes)} = {slots}): each running episode needs a sandbox "
+            f"({cfg.sandbox.max_concurrent} x {nodes} = {slots}): each running episode needs a sandbox "
             "slot, and an episode finding none waits, then is refused (an infrastructure failure)"
         )
     for key in ("episode_timeout_s", "rollout_timeout_s"):
         if not getattr(a, key) >= 0:
             out.append(f"agent.{key}={getattr(a, key)} is invalid; allowed: seconds >= 0 (0: no limit)")
+    return out
+
+
+def _sandbox_engine_problems(cfg: Any) -> list[str]:
+    out = []
+    if cfg.sandbox.backend == SandboxBackend.local and not cfg.sandbox.allow_local:
+        out.append(
+            "sandbox.backend=local runs agent code unsandboxed; allowed: bwrap or apptainer, "
+            "or set sandbox.allow_local=true for development"
+        )
+    out += sandbox_problems(cfg.sandbox)
+    if cfg.engine.weight_sync not in ("file", "nccl"):
+        out.append(f"engine.weight_sync={cfg.engine.weight_sync!r} is invalid; allowed: file, nccl")
+    return out
+
+
+def validate(cfg: Any) -> list[str]:
+    """All problems with a composed RunConfig, as one-line messages (empty when valid)."""
+    out = _schedule_problems(cfg) + _model_problems(cfg.model)
+    for name in STAGE_NAMES:
+        if name in cfg.schedule:
+            out += _stage_problems(name, cfg[name], cfg.model)
+    out += _sampling_algo_problems(cfg) + _parallel_problems(cfg.parallel, cfg.model)
+    out += _sandbox_engine_problems(cfg) + _cluster_problems(cfg) + _agent_problems(cfg)
     if cfg.eval.runs < 1 or any(k < 1 or k > cfg.eval.runs for k in cfg.eval.k):
         out.append(f"eval.k={list(cfg.eval.k)} is invalid; allowed: 1 <= k <= eval.runs ({cfg.eval.runs})")
     return out
