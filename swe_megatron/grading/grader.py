@@ -307,26 +307,15 @@ def grade_one(
     _write_text(logs / "sanitized.patch", clean.patch)
     common = {"dropped": clean.dropped, "suspicious": clean.suspicious}
     if clean.is_empty and skip_empty:
-        if clean.parse_error:
-            reason = clean.parse_error
-        elif clean.dropped:
-            reason = "empty after sanitising (every edit touched a protected file)"
-        else:
-            reason = "empty patch"
-        return done(EMPTY_PATCH, reason, **common)
+        return done(EMPTY_PATCH, _empty_reason(clean), **common)
     try:
-        run = _run_in_sandbox(
-            task, tg, clean.patch, sandbox_factory, logs, test_timeout_s, step_timeout_s, output_cap_bytes
-        )
+        limits = _Limits(test_timeout_s, step_timeout_s, output_cap_bytes)
+        run = _SandboxRun(task, tg, logs, limits).run(sandbox_factory, clean.patch)
         if run.apply_failed:
             return done(UNRESOLVED, "patch did not apply", timings=run.timings, **common)
-        resolved, tests_status, reason = decide(task, tg, run.log_path, run.record, clean.patch)
-        if run.canaries is not None:
-            wrong, forged = check_canaries(run.canaries, _log_status(task, tg, run.log_path), run.record)
-            if wrong and (resolved or forged):
-                common["tampered"] = "the harness's canary tests came out wrong: " + "; ".join(wrong)
-                reason = common["tampered"]
-            resolved = resolved and not wrong
+        resolved, tests_status, reason, tampered = _decide_run(task, tg, run, clean.patch)
+        if tampered:
+            common["tampered"] = reason
     except (SandboxError, GradingInfraError) as e:
         kind = e.kind if isinstance(e, GradingInfraError) else Excluded.SANDBOX
         return done(ERROR, f"infrastructure: {e}", excluded=kind.value, **common)
@@ -347,6 +336,30 @@ def grade_one(
         log_path=str(run.log_path),
         **common,
     )
+
+
+def _empty_reason(clean: Any) -> str:
+    """Why a sanitised patch has nothing to apply."""
+    if clean.parse_error:
+        return clean.parse_error
+    if clean.dropped:
+        return "empty after sanitising (every edit touched a protected file)"
+    return "empty patch"
+
+
+def _decide_run(
+    task: Task, tg: TaskGrading, run: _Run, patch: str
+) -> tuple[bool, dict[str, Any] | None, str, bool]:
+    """swebench's decision on the run's log and record, overruled by wrong canaries: (resolved, tests_status,
+    reason, tampered); tampered when the canaries came out wrong and the run claimed success or was forged."""
+    resolved, tests_status, reason = decide(task, tg, run.log_path, run.record, patch)
+    if run.canaries is None:
+        return resolved, tests_status, reason, False
+    wrong, forged = check_canaries(run.canaries, _log_status(task, tg, run.log_path), run.record)
+    tampered = bool(wrong) and (resolved or forged)
+    if tampered:
+        reason = "the harness's canary tests came out wrong: " + "; ".join(wrong)
+    return resolved and not wrong, tests_status, reason, tampered
 
 
 def grade_many(
@@ -393,130 +406,171 @@ class _Run:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _run_in_sandbox(
-    task: Task,
-    tg: TaskGrading,
-    patch: str,
-    factory: SandboxFactory,
-    logs: Path,
-    test_timeout_s: float,
-    step_timeout_s: float,
-    output_cap_bytes: int,
-) -> _Run:
-    """Start a sandbox, apply, restore tests, run them; return what the host needs to decide."""
-    workdir = tg.spec.workdir.rstrip("/")
-    rel = f"{GRADE_DIR}/{secrets.token_hex(8)}"
-    d = f"{workdir}/{rel}"
-    apply_log: list[str] = []
-    run = _Run()
-    clock = time.monotonic()
+@dataclass(frozen=True)
+class _Limits:
+    """grade_one's limits: of the test command, of each harness step (seconds), of the output kept (bytes)."""
 
-    def lap(phase: str) -> None:
-        nonlocal clock
+    test_s: float
+    step_s: float
+    output_cap_bytes: int
+
+
+@dataclass
+class _TestOutput:
+    """What the eval script left in the sandbox, read back before it stops (None: file missing)."""
+
+    exit_code: bytes | None = None
+    output: bytes = b""
+    cut: bytes | None = None
+    record: bytes | None = None
+
+
+class _SandboxRun:
+    """One grading in a fresh sandbox: stage the harness files, apply the patch, restore the tests, add the
+    canaries, run the tests, and return what the host needs to decide (`run`)."""
+
+    def __init__(self, task: Task, tg: TaskGrading, logs: Path, limits: _Limits):
+        self.task, self.tg, self.logs, self.limits = task, tg, logs, limits
+        self.workdir = tg.spec.workdir.rstrip("/")
+        self.rel = f"{GRADE_DIR}/{secrets.token_hex(8)}"
+        self.d = f"{self.workdir}/{self.rel}"
+        self.record_name = f"out/{secrets.token_hex(8)}.json"
+        self.apply_log: list[str] = []
+        self.result = _Run()
+        self.sandbox: Sandbox | None = None
+        self._clock = time.monotonic()
+
+    def run(self, factory: SandboxFactory, patch: str) -> _Run:
+        """Start a sandbox, apply, restore tests, run them, stop it; the outcome (log, record, timings)."""
+        self.sandbox = factory(self.tg.spec)
+        try:
+            self.sandbox.start()
+            self._lap("start")
+            self._stage_files()
+            if patch.strip() and not self._apply_model_patch(patch):
+                return self.result
+            self._restore_tests()
+            self._add_canaries()
+            # The model's code runs from here on: what it leaves behind is its outcome, not an error.
+            self._lap("apply")
+            out = self._run_tests()
+        finally:
+            self._stop()
+        self._write_outcome(out)
+        return self.result
+
+    def _lap(self, phase: str) -> None:
         now = time.monotonic()
-        run.timings[phase] = round(now - clock, 4)
-        clock = now
+        self.result.timings[phase] = round(now - self._clock, 4)
+        self._clock = now
 
-    sandbox = factory(tg.spec)
-    try:
-        sandbox.start()
-        lap("start")
+    def _step(self, command: str, what: str):
+        res = self.sandbox.exec(f"cd {self.workdir} && {command}", timeout_s=self.limits.step_s)
+        if res.timed_out:
+            raise GradingInfraError(f"{what} timed out after {self.limits.step_s:.0f} s")
+        return res
 
-        def step(command: str, what: str):
-            res = sandbox.exec(f"cd {workdir} && {command}", timeout_s=step_timeout_s)
-            if res.timed_out:
-                raise GradingInfraError(f"{what} timed out after {step_timeout_s:.0f} s")
-            return res
-
+    def _stage_files(self) -> None:
+        tg, rel = self.tg, self.rel
         script = eval_script.test_script(
             tg.test_cmd,
-            workdir,
-            d,
-            test_timeout_s,
+            self.workdir,
+            self.d,
+            self.limits.test_s,
             pytest_summary=tg.log_parser in PYTEST_PARSERS,
             record=tg.require_record,
-            output_cap_bytes=output_cap_bytes,
+            output_cap_bytes=self.limits.output_cap_bytes,
         )
-        sandbox.write_file(f"{rel}/eval.sh", script.encode())
-        _write_text(logs / "eval.sh", script)
-        if task.test_patch.strip():
-            sandbox.write_file(f"{rel}/test.diff", _with_newline(task.test_patch).encode())
+        self.sandbox.write_file(f"{rel}/eval.sh", script.encode())
+        _write_text(self.logs / "eval.sh", script)
+        if self.task.test_patch.strip():
+            self.sandbox.write_file(f"{rel}/test.diff", _with_newline(self.task.test_patch).encode())
         if tg.require_record:
             # On PYTHONPATH, and at the repository root for `python -m pytest` runs whose command sets
             # its own PYTHONPATH (the sanitiser keeps patches off this name).
             plugin = _PLUGIN_SOURCE.read_bytes()
-            sandbox.write_file(f"{rel}/plugin/{eval_script.PLUGIN_MODULE}.py", plugin)
-            sandbox.write_file(f"{eval_script.PLUGIN_MODULE}.py", plugin)
-            record_name = f"out/{secrets.token_hex(8)}.json"
-            sandbox.write_file(f"{rel}/token", f"{d}/{record_name}".encode())
+            self.sandbox.write_file(f"{rel}/plugin/{eval_script.PLUGIN_MODULE}.py", plugin)
+            self.sandbox.write_file(f"{eval_script.PLUGIN_MODULE}.py", plugin)
+            self.sandbox.write_file(f"{rel}/token", f"{self.d}/{self.record_name}".encode())
 
-        if patch.strip():
-            sandbox.write_file(f"{rel}/model.diff", patch_bytes(patch))
-            run.applied_with = _apply_model_patch(step, f"{d}/model.diff", _patch_paths(patch), apply_log)
-            if run.applied_with is None:
-                run.apply_failed = True
-                _write_text(logs / "apply.log", "".join(apply_log))
-                return run
+    def _apply_model_patch(self, patch: str) -> bool:
+        """Apply the model's patch; False (and apply.log written) when no method applies it."""
+        self.sandbox.write_file(f"{self.rel}/model.diff", patch_bytes(patch))
+        applied = _apply_model_patch(self._step, f"{self.d}/model.diff", _patch_paths(patch), self.apply_log)
+        self.result.applied_with = applied
+        if applied is None:
+            self.result.apply_failed = True
+            _write_text(self.logs / "apply.log", "".join(self.apply_log))
+        return applied is not None
 
-        res = step(
-            eval_script.restore_tests_command(
-                task.base_commit,
-                tg.existing_test_files,
-                f"{d}/test.diff" if task.test_patch.strip() else None,
-            ),
-            "restoring the test files",
+    def _restore_tests(self) -> None:
+        has_test_patch = bool(self.task.test_patch.strip())
+        command = eval_script.restore_tests_command(
+            self.task.base_commit,
+            self.tg.existing_test_files,
+            f"{self.d}/test.diff" if has_test_patch else None,
         )
-        apply_log.append(
+        res = self._step(command, "restoring the test files")
+        self.apply_log.append(
             f"$ restore test files and apply test_patch\n{_text(res.output)}exit {res.exit_code}\n"
         )
-        _write_text(logs / "apply.log", "".join(apply_log))
+        _write_text(self.logs / "apply.log", "".join(self.apply_log))
         if res.exit_code != 0:
             raise GradingInfraError(
                 f"the test patch did not apply (task broken?): {_text(res.output)[-400:]}", Excluded.TASK
             )
-        if CANARIES and tg.canary_file:
-            run.canaries = Canaries(tg.canary_file)
-            sandbox.write_file(f"{rel}/canary.py", run.canaries.source().encode())
-            target = shlex.quote(tg.canary_file)
-            res = step(f"test -f {target} && cat {d}/canary.py >> {target}", "appending the canary tests")
-            if res.exit_code != 0:
-                raise GradingInfraError(f"cannot append the canary tests to {tg.canary_file} (task broken?)")
 
-        # The model's code runs from here on: what it leaves behind is its outcome, not an error.
-        lap("apply")
-        res = sandbox.exec(
-            f"bash --noprofile --norc {d}/eval.sh",
-            timeout_s=test_timeout_s + eval_script.KILL_AFTER_S + step_timeout_s,
+    def _add_canaries(self) -> None:
+        if not (CANARIES and self.tg.canary_file):
+            return
+        self.result.canaries = Canaries(self.tg.canary_file)
+        self.sandbox.write_file(f"{self.rel}/canary.py", self.result.canaries.source().encode())
+        target = shlex.quote(self.tg.canary_file)
+        res = self._step(
+            f"test -f {target} && cat {self.d}/canary.py >> {target}", "appending the canary tests"
+        )
+        if res.exit_code != 0:
+            raise GradingInfraError(f"cannot append the canary tests to {self.tg.canary_file} (task broken?)")
+
+    def _run_tests(self) -> _TestOutput:
+        limits, rel = self.limits, self.rel
+        res = self.sandbox.exec(
+            f"bash --noprofile --norc {self.d}/eval.sh",
+            timeout_s=limits.test_s + eval_script.KILL_AFTER_S + limits.step_s,
         )
         # Past the test timeout, its kill delay and a step's time, only the model's code holds the script
         # (it stopped or traced `timeout` or the shell; the script itself runs builtins and `timeout`).
-        run.held = res.timed_out
+        self.result.held = res.timed_out
         if not res.timed_out and res.exit_code in eval_script.SETUP_EXIT_CODES:  # before the tests
             raise GradingInfraError(
                 f"the eval script could not set up (exit {res.exit_code}): {_text(res.output)[-400:]}"
             )
-        lap("tests")
-        elapsed = run.timings["tests"]
+        self._lap("tests")
+        return _TestOutput(
+            exit_code=_read_optional(self.sandbox, f"{rel}/exit_code"),
+            output=_read_optional(self.sandbox, f"{rel}/test_output.txt") or b"",
+            cut=_read_optional(self.sandbox, f"{rel}/cut_bytes"),
+            record=_read_optional(self.sandbox, f"{rel}/{self.record_name}")
+            if self.tg.require_record
+            else None,
+        )
 
-        exit_code = _read_optional(sandbox, f"{rel}/exit_code")
-        output = _read_optional(sandbox, f"{rel}/test_output.txt") or b""
-        cut = _read_optional(sandbox, f"{rel}/cut_bytes")
-        record_raw = _read_optional(sandbox, f"{rel}/{record_name}") if tg.require_record else None
-    finally:
+    def _stop(self) -> None:
         try:
-            sandbox.stop()
+            self.sandbox.stop()
         except Exception as e:  # cleanup trouble does not change what the tests said
-            _write_text(logs / "stop_error.txt", f"{type(e).__name__}: {e}\n")
-        lap("stop")
+            _write_text(self.logs / "stop_error.txt", f"{type(e).__name__}: {e}\n")
+        self._lap("stop")
 
-    code = _parse_int(exit_code)
-    run.timed_out = run.held or (code in eval_script.TIMEOUT_EXIT_CODES and elapsed >= test_timeout_s * 0.95)
-    run.record = _parse_record(record_raw)
-    if record_raw is not None:
-        _write_bytes(logs / "record.json", record_raw)
-    run.log_path = logs / "test_output.txt"
-    _write_text(run.log_path, compose_log(_text(output), code, run.timed_out, _parse_int(cut)))
-    return run
+    def _write_outcome(self, out: _TestOutput) -> None:
+        run, code = self.result, _parse_int(out.exit_code)
+        past_timeout = run.timings["tests"] >= self.limits.test_s * 0.95
+        run.timed_out = run.held or (code in eval_script.TIMEOUT_EXIT_CODES and past_timeout)
+        run.record = _parse_record(out.record)
+        if out.record is not None:
+            _write_bytes(self.logs / "record.json", out.record)
+        run.log_path = self.logs / "test_output.txt"
+        _write_text(run.log_path, compose_log(_text(out.output), code, run.timed_out, _parse_int(out.cut)))
 
 
 def patch_bytes(patch: str) -> bytes:
