@@ -299,82 +299,183 @@ def _mine_library(
         lib.report.update(status="unusable", stage=e.stage, reason=e.reason)
         log(f"make-tasks: {lib.spec.requirement}: cannot be used ({e})")
         return []
-    assert lib.pristine and lib.layout and lib.env_dir
     lib.trace = {**base.trace, "tree": str(base.tree)}
     covering, candidates = _candidates(lib, base, cfg)
     lib.report["covered_functions"] = len(covering)
     lib.report["candidate_mutations"] = len(candidates)
-    copies: queue.Queue[Path] = queue.Queue()
-    for w in range(cfg.workers):
-        tree = work / lib.spec.key / f"worker{w}"
-        copy_tree(lib.pristine, tree)
-        copies.put(tree)
-    gold_cache: dict[tuple[str, ...], RunResult] = {}
-    gold_lock = threading.Lock()
-    timeout = max(60.0, base.duration_s * 5)
-
-    def evaluate(m: Mutation) -> Accepted | str:
-        tree = copies.get()
-        try:
-            return _evaluate(
-                m, tree, lib, base, covering[(m.file, m.function_line)], cfg, timeout, gold_cache, gold_lock
-            )
-        finally:
-            copies.put(tree)
-
-    accepted: list[Accepted] = []
-    rejections: Counter[str] = Counter()
-    done: set[tuple[str, int]] = set()
-    tried = 0
-    budget_hit = False
-    pending: deque = deque()
-    stream = iter(candidates)
-    with ThreadPoolExecutor(cfg.workers) as pool:
-
-        def submit_next() -> None:
-            for m in stream:
-                if (m.file, m.function_line) not in done:
-                    pending.append((m, pool.submit(evaluate, m)))
-                    return
-
-        for _ in range(cfg.workers * 2):
-            submit_next()
-        while pending and len(accepted) < quota:
-            if time.monotonic() - t0 > cfg.library_budget_s:
-                budget_hit = True
-                break
-            m, fut = pending.popleft()
-            result = fut.result()
-            submit_next()
-            if (m.file, m.function_line) in done:
-                continue  # evaluated ahead, but its function already has a task
-            tried += 1
-            if isinstance(result, Accepted):
-                accepted.append(result)
-                done.add((m.file, m.function_line))
-            else:
-                rejections[result] += 1
-        for _, fut in pending:
-            fut.cancel()
+    tally = _Miner(lib, base, covering, cfg, work).mine(candidates, quota, deadline=t0 + cfg.library_budget_s)
     lib.report.update(
-        status="used" if accepted else "unusable",
-        mutants_tried=tried,
-        tasks=len(accepted),
+        status="used" if tally.accepted else "unusable",
+        mutants_tried=tally.tried,
+        tasks=len(tally.accepted),
         quota=quota,
-        rejections=dict(sorted(rejections.items())),
+        rejections=dict(sorted(tally.rejections.items())),
         mine_s=round(time.monotonic() - t0, 1),
     )
-    if budget_hit:
+    if tally.budget_hit:
         lib.report["budget_hit"] = (
             f"stopped after {cfg.library_budget_s:.0f}s (result depends on machine speed)"
         )
-    if not accepted:
-        lib.report.update(stage="mutation", reason=f"no mutant became a task ({tried} tried)")
+    if not tally.accepted:
+        lib.report.update(stage="mutation", reason=f"no mutant became a task ({tally.tried} tried)")
     log(
-        f"make-tasks: {lib.spec.requirement}: {len(accepted)}/{quota} tasks from {tried} mutants "
-        f"({time.monotonic() - t0:.0f}s; rejected: {dict(rejections)})"
+        f"make-tasks: {lib.spec.requirement}: {len(tally.accepted)}/{quota} tasks from {tally.tried} mutants "
+        f"({time.monotonic() - t0:.0f}s; rejected: {dict(tally.rejections)})"
     )
-    return accepted
+    return tally.accepted
+
+
+@dataclass
+class _Tally:
+    """What mining one library came to."""
+
+    accepted: list[Accepted] = field(default_factory=list)
+    rejections: Counter[str] = field(default_factory=Counter)
+    tried: int = 0
+    budget_hit: bool = False
+
+
+@dataclass
+class _MutantRuns:
+    """A mutant's screening run of the covering tests, the files holding the ones that flipped, and its first
+    stability run of those files."""
+
+    screen: RunResult
+    hidden: list[str]
+    mutant: RunResult
+
+
+class _Miner:
+    """Evaluates one library's mutants, `cfg.workers` at a time, each on a worker copy of the pristine tree."""
+
+    def __init__(self, lib: Library, base: Baseline, covering: dict, cfg: FactoryConfig, work: Path):
+        assert lib.pristine and lib.layout and lib.env_dir
+        self.lib, self.base, self.covering, self.cfg = lib, base, covering, cfg
+        self.trees: queue.Queue[Path] = queue.Queue()
+        for w in range(cfg.workers):
+            tree = work / lib.spec.key / f"worker{w}"
+            copy_tree(lib.pristine, tree)
+            self.trees.put(tree)
+        self.gold_cache: dict[tuple[str, ...], RunResult] = {}
+        self.gold_lock = threading.Lock()
+        self.timeout = max(60.0, base.duration_s * 5)
+
+    def mine(self, candidates: list[Mutation], quota: int, deadline: float) -> _Tally:
+        """Evaluate candidates in order (a few ahead) until `quota` tasks, one per function, or the deadline."""
+        tally = _Tally()
+        done: set[tuple[str, int]] = set()
+        pending: deque = deque()
+        stream = iter(candidates)
+        with ThreadPoolExecutor(self.cfg.workers) as pool:
+
+            def submit_next() -> None:
+                for m in stream:
+                    if (m.file, m.function_line) not in done:
+                        pending.append((m, pool.submit(self.evaluate, m)))
+                        return
+
+            for _ in range(self.cfg.workers * 2):
+                submit_next()
+            while pending and len(tally.accepted) < quota:
+                if time.monotonic() > deadline:
+                    tally.budget_hit = True
+                    break
+                m, fut = pending.popleft()
+                result = fut.result()
+                submit_next()
+                if (m.file, m.function_line) in done:
+                    continue  # evaluated ahead, but its function already has a task
+                tally.tried += 1
+                if isinstance(result, Accepted):
+                    tally.accepted.append(result)
+                    done.add((m.file, m.function_line))
+                else:
+                    tally.rejections[result] += 1
+            for _, fut in pending:
+                fut.cancel()
+        return tally
+
+    def evaluate(self, m: Mutation) -> Accepted | str:
+        """Accepted, or the reason the mutant is no task; runs on a free worker tree.
+
+        Run 1 (hash seed 0, so messages are reproducible): the tests covering the mutated function; the ones
+        that fail name the hidden test files. Runs 2..stability_runs: the task's test command (those files,
+        all their tests). The flip must show in every run and runs 2.. must agree test by test; the gold run
+        of the same files (cached per file set) decides which tests pass without the bug."""
+        original = (self.lib.pristine / m.file).read_text(encoding="utf-8")
+        buggy = apply_mutation(original, m)
+        if not compiles(buggy):
+            return "mutant does not compile"
+        tree = self.trees.get()
+        try:
+            (tree / m.file).write_text(buggy, encoding="utf-8")
+            try:
+                found = self._mutant_runs(tree, self.covering[(m.file, m.function_line)])
+            finally:
+                (tree / m.file).write_text(original, encoding="utf-8")
+            if isinstance(found, str):
+                return found
+            return self._accept(m, buggy, found, self._gold(tree, found.hidden))
+        finally:
+            self.trees.put(tree)
+
+    def _run(self, tree: Path, files: list[str], **kw) -> RunResult:
+        lib, cfg = self.lib, self.cfg
+        limits = dict(test_timeout_s=cfg.test_timeout_s, timeout_s=self.timeout, memory_mb=cfg.memory_mb)
+        return run_tests(tree, lib.env_dir, lib.layout, files, **limits, **kw)
+
+    def _mutant_runs(self, tree: Path, tests: list[str]) -> _MutantRuns | str:
+        """The screening run and the stability runs of the mutant in `tree`, or why it is no task."""
+        files = sorted({t.split("::")[0] for t in tests})
+        screen = self._run(tree, files, select=tests, hash_seed="0")
+        if screen.timed_out:
+            return "test run timed out"
+        flipped = sorted(t for t in tests if screen.outcomes.get(t) not in PASSING)
+        if not flipped:
+            return "no test flips"
+        bad = _bad_failure(flipped, screen)
+        if bad:
+            return bad
+        hidden = sorted({t.split("::")[0] for t in flipped})
+        runs = [self._run(tree, hidden) for _ in range(self.cfg.stability_runs - 1)]
+        if any(r.timed_out for r in runs):
+            return "test run timed out"
+        if any(r.outcomes != runs[0].outcomes for r in runs[1:]) or any(
+            r.outcomes.get(t) in PASSING for r in runs for t in flipped
+        ):
+            return "unstable over repeated runs"
+        return _MutantRuns(screen, hidden, runs[0])
+
+    def _gold(self, tree: Path, hidden: list[str]) -> RunResult:
+        """The unmutated run of the hidden files (`tree` is pristine again), cached per file set."""
+        with self.gold_lock:
+            gold = self.gold_cache.get(tuple(hidden))
+        if gold is None:
+            gold = self._run(tree, hidden)
+            with self.gold_lock:
+                self.gold_cache[tuple(hidden)] = gold
+        return gold
+
+    def _accept(self, m: Mutation, buggy: str, found: _MutantRuns, gold: RunResult) -> Accepted | str:
+        """The task the mutant makes (FAIL_TO_PASS: stable tests that pass on gold and fail on it), or why none."""
+        screen, mutant, hidden = found.screen, found.mutant, found.hidden
+        ok = self.base.stable & gold.passing()
+        f2p = sorted(t for t in ok if t in mutant.outcomes and mutant.outcomes[t] not in PASSING)
+        p2p = sorted(t for t in ok if mutant.outcomes.get(t) in PASSING and _readable(t))
+        if not f2p:
+            return "flips only tests that fail without the bug"
+        bad = _bad_failure(f2p, mutant)
+        if bad:
+            return bad
+        f2p = [t for t in f2p if _readable(t)]  # the others still fail, but no parser could check them
+        return Accepted(
+            mutation=m,
+            buggy_source=buggy,
+            hidden_files=sorted({t.split("::")[0] for t in f2p} | set(hidden)),
+            f2p=f2p,
+            p2p=p2p,
+            failures={t: screen.failures.get(t) or mutant.failures.get(t, {}) for t in f2p},
+        )
 
 
 def _candidates(lib: Library, base: Baseline, cfg: FactoryConfig) -> tuple[dict, list[Mutation]]:
@@ -406,78 +507,6 @@ def _candidates(lib: Library, base: Baseline, cfg: FactoryConfig) -> tuple[dict,
     seed = int(hashlib.sha256(f"{cfg.seed}:{lib.spec.key}".encode()).hexdigest()[:12], 16)
     ordered = order_mutations(mutations, seed)[: cfg.max_candidates_per_library]
     return covering, ordered
-
-
-def _evaluate(
-    m: Mutation,
-    tree: Path,
-    lib: Library,
-    base: Baseline,
-    tests: list[str],
-    cfg: FactoryConfig,
-    timeout: float,
-    gold_cache: dict,
-    gold_lock: threading.Lock,
-) -> Accepted | str:
-    """Accepted, or the reason the mutant is no task.
-
-    Run 1 (hash seed 0, so messages are reproducible): the tests covering the mutated function; the ones
-    that fail name the hidden test files. Runs 2..stability_runs: the task's test command (those files,
-    all their tests). The flip must show in every run and runs 2.. must agree test by test; the gold run of
-    the same files (cached per file set) decides which tests pass without the bug."""
-    assert lib.layout and lib.env_dir and lib.pristine
-    path = tree / m.file
-    original = (lib.pristine / m.file).read_text(encoding="utf-8")
-    buggy = apply_mutation(original, m)
-    if not compiles(buggy):
-        return "mutant does not compile"
-    kw = dict(test_timeout_s=cfg.test_timeout_s, timeout_s=timeout, memory_mb=cfg.memory_mb)
-    files = sorted({t.split("::")[0] for t in tests})
-    path.write_text(buggy, encoding="utf-8")
-    try:
-        screen = run_tests(tree, lib.env_dir, lib.layout, files, select=tests, hash_seed="0", **kw)
-        if screen.timed_out:
-            return "test run timed out"
-        flipped = sorted(t for t in tests if screen.outcomes.get(t) not in PASSING)
-        if not flipped:
-            return "no test flips"
-        bad = _bad_failure(flipped, screen)
-        if bad:
-            return bad
-        hidden = sorted({t.split("::")[0] for t in flipped})
-        runs = [run_tests(tree, lib.env_dir, lib.layout, hidden, **kw) for _ in range(cfg.stability_runs - 1)]
-    finally:
-        path.write_text(original, encoding="utf-8")
-    if any(r.timed_out for r in runs):
-        return "test run timed out"
-    if any(r.outcomes != runs[0].outcomes for r in runs[1:]) or any(
-        r.outcomes.get(t) in PASSING for r in runs for t in flipped
-    ):
-        return "unstable over repeated runs"
-    with gold_lock:
-        gold = gold_cache.get(tuple(hidden))
-    if gold is None:
-        gold = run_tests(tree, lib.env_dir, lib.layout, hidden, **kw)
-        with gold_lock:
-            gold_cache[tuple(hidden)] = gold
-    mutant = runs[0]
-    ok = base.stable & gold.passing()
-    f2p = sorted(t for t in ok if t in mutant.outcomes and mutant.outcomes[t] not in PASSING)
-    p2p = sorted(t for t in ok if mutant.outcomes.get(t) in PASSING and _readable(t))
-    if not f2p:
-        return "flips only tests that fail without the bug"
-    bad = _bad_failure(f2p, mutant)
-    if bad:
-        return bad
-    f2p = [t for t in f2p if _readable(t)]  # the others still fail, but no parser could check them
-    return Accepted(
-        mutation=m,
-        buggy_source=buggy,
-        hidden_files=sorted({t.split("::")[0] for t in f2p} | set(hidden)),
-        f2p=f2p,
-        p2p=p2p,
-        failures={t: screen.failures.get(t) or mutant.failures.get(t, {}) for t in f2p},
-    )
 
 
 def _readable(test_id: str) -> bool:
