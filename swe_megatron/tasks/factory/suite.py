@@ -139,44 +139,13 @@ def run_tests(
             (tmp / "select.txt").write_text("".join(f"{s}\n" for s in select))
             addopts += ["--probe-select", str(tmp / "select.txt")]
         cmd = ["bash", "--noprofile", "--norc", "-c", layout.test_cmd(files)]
-        env = {
-            "PATH": f"{env_dir / 'bin'}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(tmp / "home"),
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "TMPDIR": str(tmp),
-            "PYTHONPATH": str(tmp),
-            "PYTEST_PLUGINS": PLUGIN_MODULE,
-            "PYTEST_ADDOPTS": shlex.join(addopts),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": hash_seed,
-        }
-        log = tmp / "log.txt"
-        start = time.monotonic()
-        timed_out = False
         prlimit = shutil.which("prlimit")
         if prlimit:  # not preexec_fn: the factory starts runs from several threads
             cmd = [prlimit, f"--as={memory_mb * 1024 * 1024}", "--", *cmd]
-        with open(log, "wb") as logf:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=tree,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-        result = RunResult(
-            duration_s=time.monotonic() - start, timed_out=timed_out, returncode=proc.returncode
+        result = _run_logged(
+            cmd, tree, _probe_env(env_dir, tmp, addopts, hash_seed), tmp / "log.txt", timeout_s
         )
-        result.log_tail = log.read_bytes()[-3000:].decode("utf-8", "replace")
-        if out.is_file() and not timed_out:
+        if out.is_file() and not result.timed_out:
             record = json.loads(out.read_text(encoding="utf-8"))
             result.outcomes = record["outcomes"]
             result.failures = record["failures"]
@@ -184,6 +153,46 @@ def run_tests(
             if trace:
                 result.trace = {k: record[k] for k in ("funcs", "calls", "entries", "edges", "import_calls")}
         return result
+
+
+def _probe_env(env_dir: Path, tmp: Path, addopts: list[str], hash_seed: str) -> dict[str, str]:
+    """The whole environment of a test run: the library's venv first on PATH, the probe plugin loaded."""
+    return {
+        "PATH": f"{env_dir / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(tmp / "home"),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": str(tmp),
+        "PYTEST_PLUGINS": PLUGIN_MODULE,
+        "PYTEST_ADDOPTS": shlex.join(addopts),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": hash_seed,
+    }
+
+
+def _run_logged(cmd: list[str], cwd: Path, env: dict[str, str], log: Path, timeout_s: float) -> RunResult:
+    """Run `cmd` in its own process group with output to `log`, killing the group past `timeout_s`."""
+    start = time.monotonic()
+    timed_out = False
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+    result = RunResult(duration_s=time.monotonic() - start, timed_out=timed_out, returncode=proc.returncode)
+    result.log_tail = log.read_bytes()[-3000:].decode("utf-8", "replace")
+    return result
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
