@@ -11,15 +11,15 @@ import math
 import sys
 from pathlib import Path
 
+from swe_megatron.config.load import load_config
 from swe_megatron.errors import UsageError
 from swe_megatron.grading.grader import TaskGradingError, grade_many, task_grading
 from swe_megatron.grading.report import PredictionsError, build_report, load_predictions, write_report
+from swe_megatron.sandbox import make_sandbox
+from swe_megatron.tasks.load import load_tasks
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from swe_megatron.config.load import load_config
-    from swe_megatron.sandbox import make_sandbox
-
     overrides = list(args.overrides)
     if args.sandbox:
         overrides.append(f"sandbox.backend={args.sandbox}")
@@ -80,8 +80,6 @@ def _grade(args: argparse.Namespace) -> int:
 def load_tasks_for_grading(path: str):
     """Tasks of a tasks file through the task loader (swe_megatron/tasks/load.py); a file that cannot be
     read or a malformed row ends in one clear error (UsageError) naming the file, line and field."""
-    from swe_megatron.tasks.load import load_tasks
-
     try:
         return load_tasks(path)
     except (OSError, ValueError) as e:
