@@ -36,11 +36,12 @@ MODES = {
 }
 
 
-def _one_run(tasks, episodes: int, cfg, make_setup, run_rollouts, ScriptedPolicy, gold_patch_script) -> dict:
-    setup = make_setup(cfg, cfg.stage1, None)
-    setup.engine = ScriptedPolicy(setup.chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
+def _one_run(tasks, episodes: int, cfg, engine, chat, out: Path) -> dict:
+    from swe_megatron.rollout.setup import Rollouts
+
+    rollouts = Rollouts(cfg, engine, chat=chat)
     per_task = max(1, episodes // len(tasks))
-    _, stats = run_rollouts(tasks, per_task, setup, progress=False)
+    _, stats = rollouts.run(tasks, per_task, rollouts.limits(cfg.stage1), out)
     s = stats.summary()["seconds"]
     raw = s.get("exec_raw", 0) + s.get("grade_raw", 0)
     spent = s.get("episode", 0) + s.get("grade", 0)
@@ -61,10 +62,11 @@ def scripted(tasks_file: str | None, episodes: int, levels: list[int], repeat: i
     from dataclasses import replace
     from statistics import median
 
+    from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.config.schema import RunConfig
     from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
-    from swe_megatron.rollout.rollouts import run_rollouts
-    from swe_megatron.rollout.setup import load_tasks, make_setup
+    from swe_megatron.model.tokenizer import load_tokenizer
+    from swe_megatron.tasks.load import load_tasks
 
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     if tasks_file is None:
@@ -76,6 +78,8 @@ def scripted(tasks_file: str | None, episodes: int, levels: list[int], repeat: i
         tasks_file = str(work / "tasks" / "tasks.jsonl")
         Path(tasks_file).write_text(json.dumps(task.__dict__) + "\n")
     tasks = load_tasks(tasks_file)
+    chat = ChatFormat(load_tokenizer(RunConfig().model.tokenizer))
+    engine = ScriptedPolicy(chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
     rows = []
     for c in levels:
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
@@ -83,11 +87,8 @@ def scripted(tasks_file: str | None, episodes: int, levels: list[int], repeat: i
             for mode, knobs in MODES.items():  # interleaved, so load changes hit both modes alike
                 cfg = RunConfig(run_dir=str(work / "run"))
                 cfg.agent = replace(cfg.agent, concurrency=c, **knobs)
-                runs[mode].append(
-                    _one_run(
-                        tasks, episodes, cfg, make_setup, run_rollouts, ScriptedPolicy, gold_patch_script
-                    )
-                )
+                cfg.monitor.progress = False
+                runs[mode].append(_one_run(tasks, episodes, cfg, engine, chat, work / "out"))
         for mode, rs in runs.items():
             mid = sorted(rs, key=lambda r: r["overhead_pct"])[len(rs) // 2]
             row = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from swe_megatron.agent.commands import Aci, Submitted
@@ -80,142 +81,193 @@ def first_messages(
     return system, (prompts.demo + "\n\n" + instance) if demo else instance
 
 
-def run_episode(
-    task: Task,
-    sample_index: int,
-    sandbox: Sandbox,
-    engine: Engine,
-    chat: ChatFormat,
-    prompts: Prompts,
-    cfg: AgentConfig,
-    limits: EpisodeLimits,
-    workdir: str,
-    session: str,
-    *,
-    deadline: float | None = None,
-) -> Trajectory:
-    """Run one episode in a fresh (not yet started) sandbox; grading is left to the caller.
+@dataclass(frozen=True)
+class Scaffold:
+    """What every episode of a rollout shares: the engine, the chat format, prompts, agent settings, limits."""
 
-    Infrastructure failures come back as a Trajectory with an infra exit reason and `infra_failure` set.
-    deadline: time.monotonic() past which the episode ends as a timeout: checked between steps, and a
-    command still running then is ended by stopping the sandbox.
+    engine: Engine
+    """Generation (sticky per session)."""
+    chat: ChatFormat
+    """Tokenizer + chat template."""
+    prompts: Prompts
+    """Prompt templates."""
+    agent: AgentConfig
+    """Scaffold settings."""
+    limits: EpisodeLimits
+    """Per-stage limits."""
+
+
+class Episode:
+    """One episode in a fresh (not yet started) sandbox, its state on self, as mini-swe-agent's DefaultAgent:
+    run() -> step()* where a step is query() (one generation) then observe() (parse, execute, observe).
+
+    Grading is left to the caller. Infrastructure failures come back as a Trajectory with an infra exit
+    reason and `infra_failure` set. deadline: time.monotonic() past which the episode ends as a timeout:
+    checked between steps, and a command still running then is ended by stopping the sandbox.
     """
-    t_start = time.perf_counter()
-    timings = {"generate": 0.0, "tool": 0.0, "sandbox_start": 0.0, "patch": 0.0, "sandbox_stop": 0.0}
-    traj = Trajectory(task_id=task.instance_id, sample_index=sample_index)
-    system, first_user = first_messages(task, prompts, cfg, workdir, limits.one_shot_demo)
-    ledger = TokenLedger.start(chat, system, first_user)
-    aci = Aci(sandbox, cfg, prompts, workdir, limits.command_timeout_s, limits.output_cap)
-    malformed: list[int] = []
-    watchdog = None
-    try:
-        t = time.perf_counter()
-        _check(deadline)
-        sandbox.start()
-        if deadline is not None:  # ends a command that is still running at the deadline
-            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), sandbox.stop)
-            watchdog.daemon = True
-            watchdog.start()
-        aci.start()
-        timings["sandbox_start"] = time.perf_counter() - t
-        exit_reason = _loop(engine, ledger, aci, prompts, cfg, limits, session, malformed, timings, deadline)
-        t = time.perf_counter()
-        traj.patch = aci.patch()
-        timings["patch"] = time.perf_counter() - t
-        traj.exit_reason = exit_reason
-    except EpisodeTimeout:
-        traj.exit_reason, traj.infra_failure = ExitReason.harness_timeout, EPISODE_TIMEOUT
-    except (EngineError, SandboxError) as e:
-        if _expired(deadline):  # the deadline's stop (or a slow engine) ended it
-            traj.exit_reason, traj.infra_failure = ExitReason.harness_timeout, f"{EPISODE_TIMEOUT} ({e})"
-        elif isinstance(e, EngineError):
-            traj.exit_reason, traj.infra_failure = ExitReason.engine_error, f"engine: {e}"
-        else:
-            traj.exit_reason, traj.infra_failure = ExitReason.sandbox_error, f"sandbox: {e}"
-    finally:
-        if watchdog is not None:
-            watchdog.cancel()
-        engine.end_session(session)
+
+    def __init__(self, scaffold: Scaffold, task: Task, sample_index: int, sandbox: Sandbox, workdir: str,
+                 session: str, deadline: float | None = None):  # fmt: skip
+        self.s, self.task, self.sandbox, self.session, self.deadline = (
+            scaffold,
+            task,
+            sandbox,
+            session,
+            deadline,
+        )
+        self.traj = Trajectory(task_id=task.instance_id, sample_index=sample_index)
+        self.timings = {"generate": 0.0, "tool": 0.0, "sandbox_start": 0.0, "patch": 0.0, "sandbox_stop": 0.0}
+        system, first_user = first_messages(task, scaffold.prompts, scaffold.agent, workdir,
+                                            scaffold.limits.one_shot_demo)  # fmt: skip
+        self.ledger = TokenLedger.start(scaffold.chat, system, first_user)
+        self.aci = Aci(sandbox, scaffold.agent, scaffold.prompts, workdir, scaffold.limits.command_timeout_s,
+                       scaffold.limits.output_cap)  # fmt: skip
+        self.malformed: list[int] = []
+        self.format_errors = 0  # in a row
+
+    def run(self) -> Trajectory:
+        """Start the sandbox, step until an ending, take the patch; always stop the sandbox and end the session."""
+        t_start = time.perf_counter()
+        watchdog = None
+        try:
+            with self._timed("sandbox_start"):
+                self._check_deadline()
+                self.sandbox.start()
+                if self.deadline is not None:  # ends a command that is still running at the deadline
+                    watchdog = threading.Timer(max(0.0, self.deadline - time.monotonic()), self.sandbox.stop)
+                    watchdog.daemon = True
+                    watchdog.start()
+                self.aci.start()
+            self.traj.exit_reason = self._steps()
+            with self._timed("patch"):
+                self.traj.patch = self.aci.patch()
+        except EpisodeTimeout:
+            self._infra(ExitReason.harness_timeout, EPISODE_TIMEOUT)
+        except (EngineError, SandboxError) as e:
+            if _expired(self.deadline):  # the deadline's stop (or a slow engine) ended it
+                self._infra(ExitReason.harness_timeout, f"{EPISODE_TIMEOUT} ({e})")
+            elif isinstance(e, EngineError):
+                self._infra(ExitReason.engine_error, f"engine: {e}")
+            else:
+                self._infra(ExitReason.sandbox_error, f"sandbox: {e}")
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            self._stop()
+        return self._finish(t_start)
+
+    def _steps(self) -> ExitReason:
+        """step() until an ending; the model-outcome exit reason (EpisodeTimeout past the deadline)."""
+        try:
+            while True:
+                self.step()
+        except Submitted:
+            return ExitReason.submitted
+        except LimitsExceeded as e:
+            return e.reason
+
+    def step(self) -> None:
+        """One turn: query the model, act on its answer and append the observation (LimitsExceeded,
+        Submitted or EpisodeTimeout end the episode)."""
+        self._check_deadline()
+        self.observe(self.query())
+
+    def query(self) -> str:
+        """Generate one assistant turn within the turn and context limits; its text."""
+        limits, ledger = self.s.limits, self.ledger
+        if len(ledger.turn_spans) >= limits.t_max:
+            raise LimitsExceeded(ExitReason.turn_limit)
+        room = limits.context_length - len(ledger.token_ids)
+        if room < 1:
+            raise LimitsExceeded(ExitReason.context_limit)
+        budget = min(limits.max_tokens_per_turn, room)
+        with self._timed("generate"):
+            gen = self.s.engine.generate(ledger.token_ids, budget, self.session)
+        if not gen.token_ids or len(gen.token_ids) > budget:
+            raise EngineError(f"engine returned {len(gen.token_ids)} tokens for a budget of {room}")
+        content = ledger.add_assistant(gen.token_ids, gen.logprobs)
+        self._check_deadline()  # a generation that came back late is not acted on
+        return content
+
+    def observe(self, content: str) -> None:
+        """Parse and run the action of `content` (a format error is answered instead) and append what it
+        printed as the next observation, unless that ends the episode."""
+        with self._timed("tool"):
+            output = self._act(content)
+        if len(self.ledger.turn_spans) >= self.s.limits.t_max:
+            raise LimitsExceeded(ExitReason.turn_limit)
+        obs = self.aci.observation(output)
+        obs_ids = self.ledger.observation_ids(obs)
+        if len(self.ledger.token_ids) + len(obs_ids) >= self.s.limits.context_length:
+            raise LimitsExceeded(ExitReason.context_limit)
+        self.ledger.add_observation(obs, obs_ids)
+
+    def _act(self, content: str) -> str:
+        """The output of the turn's action, or the format-error message (too many in a row end the episode)."""
+        try:
+            output = self.aci.run(parse_action(content))
+        except FormatError as e:
+            self.malformed.append(len(self.ledger.turn_spans) - 1)
+            self.format_errors += 1
+            limit = self.s.agent.max_consecutive_format_errors
+            if limit and self.format_errors >= limit:
+                raise LimitsExceeded(ExitReason.format_limit) from None
+            return self.s.prompts.format_error.format(count=e.count)
+        self.format_errors = 0
+        return output
+
+    def _infra(self, reason: ExitReason, failure: str) -> None:
+        self.traj.exit_reason, self.traj.infra_failure = reason, failure
+
+    def _stop(self) -> None:
+        """End the engine session and stop the sandbox; a failing stop is the outcome only if none is set."""
+        self.s.engine.end_session(self.session)
+        with self._timed("sandbox_stop"):
+            try:
+                self.sandbox.stop()
+            except Exception as e:  # noqa: BLE001 - a failing stop must not hide the episode's own outcome
+                if self.traj.infra_failure is None and not self.traj.exit_reason.is_infra:
+                    self._infra(ExitReason.sandbox_error, f"sandbox stop: {e}")
+
+    def _finish(self, t_start: float) -> Trajectory:
+        """The ledger and counts into the trajectory; its tokens checked against a re-tokenisation."""
+        traj, ledger = self.traj, self.ledger
+        traj.messages, traj.token_ids, traj.action_mask = (
+            ledger.messages,
+            ledger.token_ids,
+            ledger.action_mask,
+        )
+        traj.logprobs, traj.prompt_len, traj.turn_spans = (
+            ledger.logprobs,
+            ledger.prompt_len,
+            ledger.turn_spans,
+        )
+        traj.num_steps, traj.malformed_turns = len(ledger.turn_spans), self.malformed
+        with self._timed("provenance"):
+            report = check_provenance(self.s.chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
+        traj.drifted, traj.retokenized_turns = report.drifted, report.retokenized_turns
+        if report.drifted:
+            log.warning(
+                "trajectory %s#%d drifted (masked): %s", traj.task_id, traj.sample_index, report.detail
+            )
+        self.timings["exec_raw"] = self.aci.exec_seconds
+        self.timings["episode"] = time.perf_counter() - t_start
+        traj.timings = self.timings
+        return traj
+
+    def _check_deadline(self) -> None:
+        if _expired(self.deadline):
+            raise EpisodeTimeout
+
+    @contextmanager
+    def _timed(self, phase: str):
+        """Add the block's seconds to timings[phase] (also when it raises)."""
         t = time.perf_counter()
         try:
-            sandbox.stop()
-        except Exception as e:  # noqa: BLE001 - a failing stop must not hide the episode's own outcome
-            if traj.infra_failure is None and not traj.exit_reason.is_infra:
-                traj.exit_reason, traj.infra_failure = ExitReason.sandbox_error, f"sandbox stop: {e}"
-        timings["sandbox_stop"] = time.perf_counter() - t
-    traj.messages = ledger.messages
-    traj.token_ids = ledger.token_ids
-    traj.action_mask = ledger.action_mask
-    traj.logprobs = ledger.logprobs
-    traj.prompt_len = ledger.prompt_len
-    traj.turn_spans = ledger.turn_spans
-    traj.num_steps = len(ledger.turn_spans)
-    traj.malformed_turns = malformed
-    t = time.perf_counter()
-    report = check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
-    timings["provenance"] = time.perf_counter() - t
-    traj.drifted = report.drifted
-    traj.retokenized_turns = report.retokenized_turns
-    if report.drifted:
-        log.warning("trajectory %s#%d drifted (masked): %s", task.instance_id, sample_index, report.detail)
-    timings["exec_raw"] = aci.exec_seconds
-    timings["episode"] = time.perf_counter() - t_start
-    traj.timings = timings
-    return traj
+            yield
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t
 
 
 def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
-
-
-def _check(deadline: float | None) -> None:
-    if _expired(deadline):
-        raise EpisodeTimeout
-
-
-def _loop(
-    engine, ledger, aci, prompts, cfg, limits, session, malformed, timings, deadline=None
-) -> ExitReason:
-    """Turns until an ending; returns the model-outcome exit reason (EpisodeTimeout past the deadline)."""
-    consecutive_errors = 0
-    try:
-        while True:
-            _check(deadline)
-            if len(ledger.turn_spans) >= limits.t_max:
-                raise LimitsExceeded(ExitReason.turn_limit)
-            room = limits.context_length - len(ledger.token_ids)
-            if room < 1:
-                raise LimitsExceeded(ExitReason.context_limit)
-            t = time.perf_counter()
-            gen = engine.generate(ledger.token_ids, min(limits.max_tokens_per_turn, room), session)
-            timings["generate"] += time.perf_counter() - t
-            if not gen.token_ids or len(gen.token_ids) > min(limits.max_tokens_per_turn, room):
-                raise EngineError(f"engine returned {len(gen.token_ids)} tokens for a budget of {room}")
-            content = ledger.add_assistant(gen.token_ids, gen.logprobs)
-            _check(deadline)  # a generation that came back late is not acted on
-            t = time.perf_counter()
-            try:
-                output = aci.run(parse_action(content))
-                consecutive_errors = 0
-            except FormatError as e:
-                malformed.append(len(ledger.turn_spans) - 1)
-                output = prompts.format_error.format(count=e.count)
-                consecutive_errors += 1
-                if (
-                    cfg.max_consecutive_format_errors
-                    and consecutive_errors >= cfg.max_consecutive_format_errors
-                ):
-                    raise LimitsExceeded(ExitReason.format_limit) from None
-            finally:
-                timings["tool"] += time.perf_counter() - t
-            if len(ledger.turn_spans) >= limits.t_max:
-                raise LimitsExceeded(ExitReason.turn_limit)
-            obs = aci.observation(output)
-            obs_ids = ledger.observation_ids(obs)
-            if len(ledger.token_ids) + len(obs_ids) >= limits.context_length:
-                raise LimitsExceeded(ExitReason.context_limit)
-            ledger.add_observation(obs, obs_ids)
-    except Submitted:
-        return ExitReason.submitted
-    except LimitsExceeded as e:
-        return e.reason

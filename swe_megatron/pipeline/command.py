@@ -26,9 +26,9 @@ def _run(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from swe_megatron.config.load import load_config
     from swe_megatron.pipeline.eval import evaluate
-    from swe_megatron.pipeline.stages import Context
     from swe_megatron.pipeline.topology import Topology
-    from swe_megatron.rollout.setup import load_tasks
+    from swe_megatron.rollout.setup import Rollouts
+    from swe_megatron.tasks.load import load_tasks
 
     cfg = load_config(args.config, args.overrides)
     ckpt = Path(args.checkpoint)
@@ -49,10 +49,15 @@ def _eval(args: argparse.Namespace) -> int:
 
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     with Topology(cfg, out / "topology", out / "config.yaml") as topo:
-        topo.start_sandbox_server()
-        topo.start_engines(str(model_dir), cfg.eval.context_length)
-        ctx = Context(cfg, None, topo, None, {}, [])
-        _, text = evaluate(ctx, tasks, args.runs, out, args.model_name or f"{cfg.model.name} ({ckpt})")
+        sandboxes = topo.start_sandbox_server()
+        engine = topo.start_engines(str(model_dir), cfg.eval.context_length)
+        _, text = evaluate(
+            Rollouts(cfg, engine, sandboxes),
+            tasks,
+            args.runs,
+            out,
+            args.model_name or f"{cfg.model.name} ({ckpt})",
+        )
     print(f"\n{text}\n\ntable: {out / 'table.md'}\nSWE-bench predictions: {out / 'predictions.jsonl'}")
     return 0
 

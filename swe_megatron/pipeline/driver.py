@@ -27,6 +27,7 @@ from swe_megatron.pipeline.stages import (
 )
 from swe_megatron.pipeline.tasks import ensure_tasks, log_task_filter
 from swe_megatron.pipeline.topology import NullTopology, Topology
+from swe_megatron.rollout.setup import Rollouts
 from swe_megatron.tasks.filters import FilterReport
 from swe_megatron.train.model import check_matches_hf
 
@@ -116,6 +117,7 @@ def _run(cfg, world: spmd.World) -> int:
             initial_policy(ctx)
             _check_stop(ctx)
             world.lead(_start_servers, cfg, topo, ctx.hf_dir)
+            ctx.rollouts = world.on_driver(Rollouts, cfg, topo.engine, topo.sandboxes, default=None)
             for name in cfg.schedule:
                 if name == "rft":
                     warm_start(ctx)

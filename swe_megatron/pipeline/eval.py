@@ -14,6 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from swe_megatron.algo import mean_pass_at_k, mean_sem, pass_rate_per_run
+from swe_megatron.rollout.setup import Rollouts
+from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import Trajectory
 
 
@@ -69,19 +71,14 @@ def write_predictions(trajs: list[Trajectory], model_name: str, out_dir: Path) -
     return first
 
 
-def evaluate(ctx, tasks, runs: int, out_dir: Path, model_name: str) -> tuple[dict, str]:
-    """Roll out every task `runs` times with the engines of ctx.topo; write report.json, table.md, predictions."""
-    from swe_megatron.pipeline.stages import _rollouts
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "trajectories.jsonl").unlink(missing_ok=True)
-    from types import SimpleNamespace
-
-    ev = ctx.cfg.eval
-    limits = SimpleNamespace(t_max=ev.t_max, context_length=ev.context_length, one_shot_demo=False)
-    trajs, seconds = _rollouts(ctx, limits, tasks, runs, out_dir)
-    ks = list(ctx.cfg.eval.k)
-    report = eval_report(trajs, ks, model_name) | {"seconds": seconds}
+def evaluate(
+    rollouts: Rollouts, tasks: list[Task], runs: int, out_dir: Path, model_name: str
+) -> tuple[dict, str]:
+    """Roll out every task `runs` times at the eval limits; write report.json, table.md and the predictions."""
+    ev = rollouts.cfg.eval
+    trajs, stats = rollouts.run(tasks, runs, rollouts.limits(ev), out_dir)
+    ks = list(ev.k)
+    report = eval_report(trajs, ks, model_name) | {"seconds": stats.time_split()}
     write_predictions(trajs, model_name, out_dir)
     text = table(report, ks)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1))

@@ -32,12 +32,12 @@ from swe_megatron.algo import (
     rft_select,
     tasks_to_sample,
 )
+from swe_megatron.pipeline.eval import evaluate
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
 from swe_megatron.pipeline.spmd import World
 from swe_megatron.pipeline.topology import Topology
-from swe_megatron.rollout.rollouts import run_rollouts
-from swe_megatron.rollout.setup import make_setup
+from swe_megatron.rollout.setup import Rollouts
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import Trajectory
 
@@ -59,6 +59,8 @@ class Context:
     trainer_stage: str | None = None
     pool: TaskPool | None = field(default=None)
     world: World = field(default_factory=World)
+    rollouts: Rollouts | None = None
+    """The run's rollout entry point (rank 0, once the servers run)."""
 
     @property
     def hf_dir(self) -> str:
@@ -190,25 +192,10 @@ def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Pat
 
 
 def _rollouts(ctx: Context, stage, tasks: list[Task], samples: int, unit_dir: Path, engine=None):
-    """tasks x samples episodes spread over the topology's sandbox servers and engines (a dead server's
-    episodes are retried elsewhere); ServersDown when every sandbox server or engine is gone."""
-    from swe_megatron.rollout.routing import check_servers
-    from swe_megatron.rollout.setup import grading_sandbox_factory, sandbox_factory, swebench_grader
-
-    cfg, sandboxes = ctx.cfg, ctx.topo.sandboxes
-    grade = swebench_grader(cfg.sandbox, unit_dir / "grade", sandboxes)
-    engine = engine or ctx.topo.engine
-    setup = make_setup(cfg, stage, engine, grade, sandbox_factory(cfg.sandbox, sandboxes),
-                       grade_sandbox=grading_sandbox_factory(cfg.sandbox, sandboxes))  # fmt: skip
-    t = time.perf_counter()
-    trajs, stats = run_rollouts(tasks, samples, setup, unit_dir / "trajectories.jsonl", cfg.monitor.progress)
-    check_servers(sandboxes, engine)
-    seconds = {"rollout_s": time.perf_counter() - t}
-    # Grading runs inside each episode's slot; its share of the wall time is reported apart.
-    episode_sum = max(stats.seconds.get("episode", 0.0) + stats.seconds.get("grade", 0.0), 1e-9)
-    seconds["grade_s"] = seconds["rollout_s"] * stats.seconds.get("grade", 0.0) / episode_sum
-    seconds["generate_s"] = seconds["rollout_s"] * stats.seconds.get("generate", 0.0) / episode_sum
-    return trajs, seconds
+    """tasks x samples episodes at the stage's limits through the run's Rollouts; (trajectories, timings)."""
+    r = ctx.rollouts
+    trajs, stats = r.run(tasks, samples, r.limits(stage), unit_dir, engine)
+    return trajs, stats.time_split()
 
 
 def _pool(ctx: Context, stage_name: str) -> TaskPool:
@@ -254,15 +241,13 @@ def _rft_batch(stage, trajs: list[Trajectory], seconds: dict) -> Batch:
 
 # --- units -----------------------------------------------------------------------------------------------
 def _scripted_rollouts(ctx: Context, stage, unit: str) -> Batch:
-    from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.engine.scripted import ScriptedPolicy
-    from swe_megatron.model.tokenizer import load_tokenizer
     from swe_megatron.pipeline.warm_start import scripts, sft_data
 
     d = ctx.run.unit_dir(unit, fresh=True)
     tasks = [ctx.train_tasks[k] for k in sorted(ctx.train_tasks)]
     decoys = stage.warm_start_decoys
-    policy = ScriptedPolicy(ChatFormat(load_tokenizer(ctx.cfg.model.tokenizer)), scripts(tasks, decoys))
+    policy = ScriptedPolicy(ctx.rollouts.chat, scripts(tasks, decoys))
     trajs, seconds = _rollouts(ctx, stage, tasks, 1 + decoys, d, engine=policy)
     kept, masks, info = sft_data(trajs, stage.max_kept_per_task)
     return _sft_batch(stage, kept, masks, trajs, seconds, info | {"scripted_tasks": float(len(tasks))})
@@ -392,12 +377,10 @@ def final_eval(ctx: Context, test_tasks: list) -> None:
 
 
 def _evaluate(ctx: Context, test_tasks: list) -> None:
-    from swe_megatron.pipeline.eval import evaluate
-
     ev = ctx.cfg.eval
     tasks = test_tasks[: ev.max_tasks] if ev.max_tasks else test_tasks
     name = f"{ctx.cfg.model.name} ({ctx.cfg.name}, after {ctx.run.state['done'][-1]})"
-    report, text = evaluate(ctx, tasks, ev.runs, ctx.run.eval_dir, name)
+    report, text = evaluate(ctx.rollouts, tasks, ev.runs, ctx.run.eval_dir, name)
     ctx.monitor.scalars("eval", {k: v for k, v in report.items() if k.startswith("pass@") and k != "pass@1_per_run"},
                         ctx.run.step)  # fmt: skip
     ctx.monitor.text("eval/table", text, ctx.run.step)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from swe_megatron.errors import UsageError
 from swe_megatron.tasks.filters import FilterReport, filter_tasks
+from swe_megatron.tasks.load import load_tasks
 
 
 def spread_over_repos(tasks: list) -> list:
@@ -28,8 +29,6 @@ def spread_over_repos(tasks: list) -> list:
 def ensure_tasks(cfg) -> tuple[dict, list, FilterReport]:
     """Training tasks that pass the filters (dict by id; at most tasks.max_train_tasks, spread over the
     repositories), held-out tasks, and the filters' report; built with the factory if missing."""
-    from swe_megatron.rollout.setup import load_tasks
-
     train_file = Path(cfg.tasks.train_file)
     if not train_file.exists():
         if train_file.name != "train.jsonl":

@@ -7,7 +7,7 @@ the rendezvous.json of a Slurm job, see launch/rendezvous.py); cfg.engine.backen
 tiny models only); otherwise cfg.engine.num_servers local vLLM servers started on cfg.model.hf_path (a tiny
 random checkpoint is written into DIR when hf_path is null) and stopped at the end. Sandboxes run on the
 rendezvous' sandbox servers when it lists any, else on the local backend. Episodes are spread over the
-servers and a dead server is taken out of rotation (rollout/routing.py).
+servers and a dead server is taken out of rotation (rollout/routing.py). Grading logs go to DIR/grade.
 """
 
 from __future__ import annotations
@@ -23,17 +23,13 @@ from swe_megatron.errors import UsageError
 def _rollout(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
+    from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.config.load import load_config
     from swe_megatron.launch import rendezvous
-    from swe_megatron.rollout.rollouts import run_rollouts
-    from swe_megatron.rollout.routing import SandboxPool, check_servers
-    from swe_megatron.rollout.setup import (
-        grading_sandbox_factory,
-        load_tasks,
-        make_setup,
-        sandbox_factory,
-        swebench_grader,
-    )
+    from swe_megatron.model.tokenizer import load_tokenizer
+    from swe_megatron.rollout.routing import SandboxPool
+    from swe_megatron.rollout.setup import Rollouts
+    from swe_megatron.tasks.load import load_tasks
 
     cfg = load_config(args.config, args.overrides)
     rv_file = args.rendezvous or cfg.cluster.rendezvous
@@ -54,30 +50,23 @@ def _rollout(args: argparse.Namespace) -> int:
                 rv.sandbox_servers, rv.token, command_timeout_s=cfg.sandbox.grade_timeout_s
             )
             stack.callback(sandboxes.close)
-        engine = _engine(cfg, args, tasks, out, stack, rv.engines if rv is not None else ())
-        grade = swebench_grader(cfg.sandbox, Path(cfg.run_dir) / "grade", sandboxes)
-        setup = make_setup(cfg, stage, engine, grade, sandbox_factory(cfg.sandbox, sandboxes),
-                           grade_sandbox=grading_sandbox_factory(cfg.sandbox, sandboxes))  # fmt: skip
         if args.concurrency:
-            setup.agent.concurrency = args.concurrency
-        samples = args.samples or stage.samples_per_task
-        traj_file = out / "trajectories.jsonl"
-        traj_file.unlink(missing_ok=True)
-        _, stats = run_rollouts(tasks, samples, setup, traj_file, progress=cfg.monitor.progress)
-        check_servers(sandboxes, engine)
+            cfg.agent.concurrency = args.concurrency
+        chat = ChatFormat(load_tokenizer(cfg.model.tokenizer))
+        engine = _engine(cfg, args, tasks, out, stack, chat, rv.engines if rv is not None else ())
+        rollouts = Rollouts(cfg, engine, sandboxes, chat)
+        limits = rollouts.limits(stage)
+        _, stats = rollouts.run(tasks, args.samples or stage.samples_per_task, limits, out)
     summary = stats.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0
 
 
-def _engine(cfg, args, tasks, out: Path, stack, rendezvous_engines=()):
-    from swe_megatron.agent.tokens import ChatFormat
+def _engine(cfg, args, tasks, out: Path, stack, chat, rendezvous_engines=()):
     from swe_megatron.config.schema import EngineBackend
-    from swe_megatron.model.tokenizer import load_tokenizer
     from swe_megatron.rollout.routing import RoutedEngine
 
-    chat = ChatFormat(load_tokenizer(cfg.model.tokenizer))
     if args.policy == "gold":
         from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
 

@@ -34,7 +34,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swe_megatron.agent.episode import EPISODE_TIMEOUT, EpisodeLimits, run_episode
+from tqdm import tqdm
+
+from swe_megatron.agent.episode import EPISODE_TIMEOUT, Episode, EpisodeLimits, Scaffold
 from swe_megatron.agent.prompts import Prompts
 from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.config.schema import AgentConfig
@@ -100,6 +102,11 @@ class RolloutSetup:
     takes it as `sandbox=`, and the manager can start it while the episode runs (agent.prewarm_grading)
     and stop it in the background. None: the grader makes and stops its own."""
 
+    @property
+    def scaffold(self) -> Scaffold:
+        """What the episodes share."""
+        return Scaffold(self.engine, self.chat, self.prompts, self.agent, self.limits)
+
 
 @dataclass
 class RolloutStats:
@@ -143,6 +150,13 @@ class RolloutStats:
         self.turns += traj.num_steps
         for k, v in traj.timings.items():
             self.seconds[k] += v
+
+    def time_split(self) -> dict[str, float]:
+        """Wall seconds of the rollout (rollout_s) and the shares of it spent grading (grade_s) and generating
+        (generate_s): grading runs inside each episode's slot, so its share is reported apart."""
+        episode_sum = max(self.seconds.get("episode", 0.0) + self.seconds.get("grade", 0.0), 1e-9)
+        share = {k: self.wall_s * self.seconds.get(k, 0.0) / episode_sum for k in ("grade", "generate")}
+        return {"rollout_s": self.wall_s, "grade_s": share["grade"], "generate_s": share["generate"]}
 
     def summary(self) -> dict:
         """A JSON-ready summary with episodes/minute."""
@@ -329,48 +343,16 @@ def _rollout_one(task, k, setup, sandboxes, rollout_deadline) -> tuple[Trajector
     for attempt in range(setup.agent.infra_retries + 1):
         if sandboxes.closed and traj is not None:  # the rollout ended (an error elsewhere): no retry
             return traj, attempt
-        if rollout_deadline is not None and time.monotonic() >= rollout_deadline:
+        if _past(rollout_deadline):
             what = "not started" if traj is None else f"not retried after: {traj.infra_failure}"
             return _cancelled(task, k, what), attempt
         session = SESSION_SEP.join([task.instance_id, str(k), str(attempt)])
         episode_deadline = time.monotonic() + limit if limit > 0 else None
-        graded = False
-        try:
-            sandbox = sandboxes.episode(task)
-            spec = sandbox.spec  # backends made from a SandboxSpec know their workdir
-            traj = run_episode(
-                task,
-                k,
-                sandbox,
-                setup.engine,
-                setup.chat,
-                setup.prompts,
-                setup.agent,
-                setup.limits,
-                spec.workdir if spec is not None else setup.workdir,
-                session,
-                deadline=_deadline(episode_deadline, rollout_deadline),
-            )
-            if not traj.exit_reason.is_infra and not traj.drifted:
-                graded = True
-                t = time.perf_counter()
-                g = sandboxes.grade(task, traj.patch)
-                traj.timings["grade"] = time.perf_counter() - t
-                traj.timings["grade_raw"] = g.seconds
-                for phase in ("start", "stop"):
-                    if phase in g.timings:
-                        traj.timings[f"grade_sandbox_{phase}"] = g.timings[phase]
-                traj.reward, traj.resolved, traj.grading_flags = g.reward, g.resolved, list(g.flags)
-                if g.infra_failure:
-                    traj.infra_failure = f"grading: {g.infra_failure}"
-        except Exception as e:  # noqa: BLE001 - a harness bug must not kill the other episodes; it is counted
-            traj = _harness_failure(task, k, e)
-        if not graded:
-            sandboxes.drop_grading(task)
+        traj = _attempt(task, k, setup, sandboxes, session, _deadline(episode_deadline, rollout_deadline))
         if traj.infra_failure is None and not traj.exit_reason.is_infra:
             return traj, attempt
         detail = (traj.infra_failure or "").removeprefix(EPISODE_TIMEOUT).strip(" ()")
-        if rollout_deadline is not None and time.monotonic() >= rollout_deadline:
+        if _past(rollout_deadline):
             traj.exit_reason = ExitReason.harness_timeout
             traj.infra_failure = CANCELLED + (f"stopped ({detail})" if detail else "stopped")
             return traj, attempt
@@ -380,6 +362,75 @@ def _rollout_one(task, k, setup, sandboxes, rollout_deadline) -> tuple[Trajector
             )
             return traj, attempt  # a straggler is not run again: it would most likely straggle again
     return traj, setup.agent.infra_retries
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _attempt(task, k, setup, sandboxes, session: str, deadline: float | None) -> Trajectory:
+    """One episode of task, graded when its ending is a model outcome and its tokens did not drift."""
+    graded = False
+    try:
+        sandbox = sandboxes.episode(task)
+        spec = sandbox.spec  # backends made from a SandboxSpec know their workdir
+        workdir = spec.workdir if spec is not None else setup.workdir
+        traj = Episode(setup.scaffold, task, k, sandbox, workdir, session, deadline).run()
+        if not traj.exit_reason.is_infra and not traj.drifted:
+            graded = True
+            _grade(traj, task, sandboxes)
+    except Exception as e:  # noqa: BLE001 - a harness bug must not kill the other episodes; it is counted
+        traj = _harness_failure(task, k, e)
+    if not graded:
+        sandboxes.drop_grading(task)
+    return traj
+
+
+def _grade(traj: Trajectory, task: Task, sandboxes: RolloutSandboxes) -> None:
+    """Grade traj's patch into its reward, resolved flag, grading flags and timings."""
+    t = time.perf_counter()
+    g = sandboxes.grade(task, traj.patch)
+    traj.timings["grade"] = time.perf_counter() - t
+    traj.timings["grade_raw"] = g.seconds
+    for phase in ("start", "stop"):
+        if phase in g.timings:
+            traj.timings[f"grade_sandbox_{phase}"] = g.timings[phase]
+    traj.reward, traj.resolved, traj.grading_flags = g.reward, g.resolved, list(g.flags)
+    if g.infra_failure:
+        traj.infra_failure = f"grading: {g.infra_failure}"
+
+
+class _Record:
+    """Finished trajectories of a run_rollouts call: kept by (job, sample), counted, appended to the JSONL
+    file and shown on the progress bar."""
+
+    def __init__(self, jobs: int, out_file: str | Path | None, progress: bool):
+        self.results: dict[tuple[int, int], Trajectory] = {}
+        self.stats = RolloutStats()
+        # backslashreplace: a lone surrogate (a non-UTF-8 byte in a patch, decoded with surrogateescape) can
+        # only sit inside a JSON string, where its backslash-u form is the JSON escape that reads back as the
+        # same text.
+        self.sink = open(out_file, "a", encoding="utf-8", errors="backslashreplace") if out_file else None  # noqa: SIM115
+        self.bar = tqdm(total=jobs, desc="rollout", unit="ep", dynamic_ncols=True) if progress else None
+
+    def __call__(self, key: tuple[int, int], traj: Trajectory, retries: int) -> None:
+        """Record one finished trajectory."""
+        self.results[key] = traj
+        self.stats.add(traj, retries)
+        if self.sink:
+            self.sink.write(traj.to_json() + "\n")
+            self.sink.flush()
+        if self.bar is not None:
+            s = self.stats
+            self.bar.set_postfix(resolved=s.resolved, infra=s.infra_failures, drift=s.drifted)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        """Close the file and the bar."""
+        if self.bar is not None:
+            self.bar.close()
+        if self.sink:
+            self.sink.close()
 
 
 def run_rollouts(
@@ -399,74 +450,57 @@ def run_rollouts(
     returns with every unfinished job as a cancelled trajectory.
     """
     jobs = [(t, k) for t in tasks for k in range(samples_per_task)]
-    stats = RolloutStats()
-    results: dict[tuple[int, int], Trajectory] = {}
-    # backslashreplace: a lone surrogate (a non-UTF-8 byte in a patch, decoded with surrogateescape) can only
-    # sit inside a JSON string, where its backslash-u form is the JSON escape that reads back as the same text.
-    sink = open(out_file, "a", encoding="utf-8", errors="backslashreplace") if out_file else None  # noqa: SIM115
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(jobs), desc="rollout", unit="ep", dynamic_ncols=True)
+    record = _Record(len(jobs), out_file, progress)
     limit = setup.agent.rollout_timeout_s if timeout_s is None else timeout_s
     t0 = time.perf_counter()
     deadline = time.monotonic() + limit if limit and limit > 0 else None
-
-    def record(key: tuple[int, int], traj: Trajectory, retries: int) -> None:
-        results[key] = traj
-        stats.add(traj, retries)
-        if sink:
-            sink.write(traj.to_json() + "\n")
-            sink.flush()
-        if bar is not None:
-            bar.set_postfix(resolved=stats.resolved, infra=stats.infra_failures, drift=stats.drifted)
-            bar.update(1)
-
     sandboxes = RolloutSandboxes(setup, jobs)
     pool = ThreadPoolExecutor(max_workers=max(1, setup.agent.concurrency), thread_name_prefix="episode")
     futures: dict[Future, tuple[int, int]] = {}
-    cancelled_at = None
+    cancelled = False
     try:
         for i, (t, k) in enumerate(jobs):
             fut = pool.submit(rollout_one, t, k, setup, sandboxes=sandboxes, rollout_deadline=deadline)
             futures[fut] = (i, k)
-        pending = set(futures)
-        while pending:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline and cancelled_at is None:
-                cancelled_at = now  # stop what runs, skip what waits, give the stops a moment
-                for fut in pending:
-                    fut.cancel()
-                sandboxes.stop_live()
-            if cancelled_at is not None:
-                wait_s = cancelled_at + cancel_grace_s - now
-                if wait_s <= 0:
-                    break
-            else:
-                wait_s = None if deadline is None else deadline - now
-            done, pending = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
-            for fut in done:
-                if fut.cancelled():
-                    continue
-                traj, retries = fut.result()
-                record(futures[fut], traj, retries)
+        cancelled = _collect(futures, record, sandboxes, deadline, cancel_grace_s)
         for fut, key in futures.items():  # skipped, or still running past the grace: cancelled
-            if key not in results:
-                task = jobs[key[0]][0]
+            if key not in record.results:
                 what = "not started" if fut.cancelled() else f"still running {cancel_grace_s:g} s past it"
-                record(key, _cancelled(task, key[1], what), 0)
+                record(key, _cancelled(jobs[key[0]][0], key[1], what), 0)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         try:
             sandboxes.close()  # also ends the commands of episodes still running (an error, the deadline)
-            if cancelled_at is None:  # an error: let the other episodes see their sandboxes gone
+            if not cancelled:  # an error: let the other episodes see their sandboxes gone
                 wait([f for f in futures if not f.done()], timeout=cancel_grace_s)
         finally:
-            stats.prewarm = sandboxes.counts()
-            stats.wall_s = time.perf_counter() - t0
-            if bar is not None:
-                bar.close()
-            if sink:
-                sink.close()
-    return [results[key] for key in sorted(results)], stats
+            record.stats.prewarm = sandboxes.counts()
+            record.stats.wall_s = time.perf_counter() - t0
+            record.close()
+    return [record.results[key] for key in sorted(record.results)], record.stats
+
+
+def _collect(futures: dict[Future, tuple[int, int]], record: _Record, sandboxes: RolloutSandboxes,
+             deadline: float | None, grace_s: float) -> bool:  # fmt: skip
+    """Record the jobs as they finish until all are done, or until grace_s past the deadline (at which what
+    runs is stopped and what waits is skipped); whether the deadline was reached."""
+    pending = set(futures)
+    cancelled_at = None
+    while pending:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline and cancelled_at is None:
+            cancelled_at = now  # stop what runs, skip what waits, give the stops a moment
+            for fut in pending:
+                fut.cancel()
+            sandboxes.stop_live()
+        if cancelled_at is not None:
+            wait_s = cancelled_at + grace_s - now
+            if wait_s <= 0:
+                break
+        else:
+            wait_s = None if deadline is None else deadline - now
+        done, pending = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
+        for fut in done:
+            if not fut.cancelled():
+                record(futures[fut], *fut.result())
+    return cancelled_at is not None

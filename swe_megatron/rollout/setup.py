@@ -1,101 +1,65 @@
-"""Build a RolloutSetup from a RunConfig: engine (vLLM servers, transformers, or the scripted fake), sandboxes, grader."""
+"""The run's rollout entry point: `Rollouts`, built once per run around the engine(s) and the sandbox pool.
+
+Training iterations, the warm start, eval and `swe-megatron rollout` all call `Rollouts.run(tasks, G, limits,
+out_dir)`; what does not change between calls (the chat format, the prompts, the episode and grading sandbox
+factories) is made once, in the constructor.
+"""
 
 from __future__ import annotations
 
-import json
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 from swe_megatron.agent.episode import EpisodeLimits
 from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.agent.tokens import ChatFormat
-from swe_megatron.config.schema import RunConfig, SandboxConfig, StageConfig
-from swe_megatron.rollout.rollouts import GradeOutcome, Grader, RolloutSetup
+from swe_megatron.config.schema import EvalConfig, RunConfig, SandboxConfig, StageConfig
+from swe_megatron.engine.base import Engine
+from swe_megatron.grading.grader import grade_one, task_grading
+from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.rollout.rollouts import GradeOutcome, Grader, RolloutSetup, RolloutStats, run_rollouts
+from swe_megatron.rollout.routing import SandboxPool, check_servers
+from swe_megatron.sandbox import make_sandbox
 from swe_megatron.sandbox.base import Sandbox, SandboxSpec
 from swe_megatron.tasks.schema import Task
+from swe_megatron.trajectory import Trajectory
+
+SpecFactory = Callable[[SandboxSpec], Sandbox]
+"""A new, not started sandbox for a spec."""
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks from a JSONL file (one SWE-bench row per line); unknown keys go to Task.extra; relative
-    extra.repo_dir / env_dir are taken from the file's folder."""
-    p = Path(path)
-    known = set(Task.__dataclass_fields__)
-    tasks = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{n}: not JSON ({e})") from e
-        extra = dict(row.get("extra") or {})
-        extra.update({k: v for k, v in row.items() if k not in known})
-        for key in ("repo_dir", "env_dir"):
-            if extra.get(key) and not Path(extra[key]).is_absolute():
-                extra[key] = str((p.parent / extra[key]).resolve())
-        row = {k: v for k, v in row.items() if k in known}
-        row["extra"] = extra
-        try:
-            tasks.append(Task(**row))
-        except TypeError as e:
-            raise ValueError(f"{p}:{n}: not a task row ({e})") from e
-    return tasks
+def spec_factory(cfg: SandboxConfig, sandboxes: SandboxPool | None = None) -> SpecFactory:
+    """SandboxSpec -> a new sandbox on the sandbox servers of `sandboxes` when given, else of the configured
+    local backend."""
+    return sandboxes.sandbox if sandboxes is not None else lambda spec: make_sandbox(spec, cfg)
 
 
-def limits_for(cfg: RunConfig, stage: StageConfig) -> EpisodeLimits:
-    """Episode limits of a stage."""
-    return EpisodeLimits(
-        t_max=stage.t_max,
-        context_length=stage.context_length,
-        max_tokens_per_turn=cfg.sampling.max_tokens_per_turn,
-        command_timeout_s=cfg.sandbox.command_timeout_s,
-        output_cap=cfg.sandbox.output_cap_bytes,
-        one_shot_demo=stage.one_shot_demo,
-    )
+def sandbox_factory(cfg: SandboxConfig, sandboxes: SandboxPool | None = None) -> Callable[[Task], Sandbox]:
+    """Task -> a new sandbox made from the task's repo_dir and env_dir (see spec_factory for where)."""
+    fresh = spec_factory(cfg, sandboxes)
+    return lambda task: fresh(SandboxSpec(repo_dir=task.extra["repo_dir"], env_dir=task.extra.get("env_dir")))
 
 
-def sandbox_factory(cfg: SandboxConfig, sandboxes=None):
-    """Task -> a new sandbox made from the task's repo_dir and env_dir: on the sandbox servers of `sandboxes`
-    (a rollout.routing.SandboxPool) when given, else of the configured local backend."""
-    from swe_megatron.sandbox import make_sandbox
-
-    def make(task: Task):
-        spec = SandboxSpec(repo_dir=task.extra["repo_dir"], env_dir=task.extra.get("env_dir"))
-        return sandboxes.sandbox(spec) if sandboxes is not None else make_sandbox(spec, cfg)
-
-    return make
-
-
-def grading_sandbox_factory(cfg: SandboxConfig, sandboxes=None):
+def grading_sandbox_factory(
+    cfg: SandboxConfig, sandboxes: SandboxPool | None = None
+) -> Callable[[Task], Sandbox]:
     """Task -> a new, not started sandbox to grade the task in (the spec grade_one asks for: a clean copy of
-    the task's repository), on the servers of `sandboxes` (a rollout.routing.SandboxPool) when given."""
-    from swe_megatron.grading.grader import task_grading
-    from swe_megatron.sandbox import make_sandbox
-
-    def make(task: Task):
-        spec = task_grading(task).spec
-        return sandboxes.sandbox(spec) if sandboxes is not None else make_sandbox(spec, cfg)
-
-    return make
+    the task's repository; see spec_factory for where)."""
+    fresh = spec_factory(cfg, sandboxes)
+    return lambda task: fresh(task_grading(task).spec)
 
 
-def swebench_grader(cfg: SandboxConfig, log_root: str | Path | None = None, sandboxes=None) -> Grader:
+def swebench_grader(
+    cfg: SandboxConfig, log_root: str | Path | None = None, sandboxes: SandboxPool | None = None
+) -> Grader:
     """Grades with grading.grader.grade_one in `sandbox` when given one made for the task's grading spec
-    (possibly started already), else in a fresh sandbox on the servers of `sandboxes` (a
-    rollout.routing.SandboxPool) when given, else of the configured local backend.
+    (possibly started already, e.g. by grading_sandbox_factory), else in a fresh sandbox (see spec_factory).
 
-    The function carries `.grade_sandbox`, its grading_sandbox_factory, which make_setup hands to the rollout
-    manager (RolloutSetup.grade_sandbox). GradeOutcome.seconds is the raw cost: the apply and test phases,
-    not the sandbox's start and stop.
+    GradeOutcome.seconds is the raw cost: the apply and test phases, not the sandbox's start and stop.
     """
-    import itertools
-
-    from swe_megatron.grading.grader import grade_one
-    from swe_megatron.sandbox import make_sandbox
-
     counter = itertools.count()
-
-    def fresh(spec: SandboxSpec) -> Sandbox:
-        return sandboxes.sandbox(spec) if sandboxes is not None else make_sandbox(spec, cfg)
+    fresh = spec_factory(cfg, sandboxes)
 
     def grade(task: Task, patch: str, sandbox: Sandbox | None = None) -> GradeOutcome:
         log_dir = Path(log_root) / task.instance_id / str(next(counter)) if log_root else None
@@ -110,35 +74,50 @@ def swebench_grader(cfg: SandboxConfig, log_root: str | Path | None = None, sand
         flags = [name for name, on in (("suspicious", r.suspicious), ("tampered", r.tampered)) if on]
         return GradeOutcome(r.reward or 0.0, r.resolved, r.error, raw, dict(r.timings), flags)
 
-    grade.grade_sandbox = grading_sandbox_factory(cfg, sandboxes)
     return grade
 
 
-def make_setup(
-    cfg: RunConfig,
-    stage: StageConfig,
-    engine,
-    grade: Grader | None = None,
-    make_sandbox=None,
-    *,
-    grade_sandbox=None,
-):
-    """A RolloutSetup for cfg and stage around an engine (the caller owns the engine's servers).
+class Rollouts:
+    """Tasks x G graded episodes on the run's engine and sandbox pool: the one entry point of training
+    iterations, the warm start and eval. Built once per run (the caller owns the engine's and the sandbox
+    servers' lifetimes)."""
 
-    grade defaults to swebench_grader's; grade_sandbox (Task -> a new grading sandbox, which the grader must
-    accept as `sandbox=`) defaults to the grader's own `.grade_sandbox` when it has one, so the rollout
-    manager can start grading sandboxes while the episodes run.
-    """
-    from swe_megatron.model.tokenizer import load_tokenizer
+    def __init__(self, cfg: RunConfig, engine: Engine, sandboxes: SandboxPool | None = None,
+                 chat: ChatFormat | None = None):  # fmt: skip
+        self.cfg = cfg
+        self.engine = engine
+        """The policy's engine (a RoutedEngine over the run's servers)."""
+        self.sandboxes = sandboxes
+        """The sandbox servers (None: the configured local backend)."""
+        self.chat = chat or ChatFormat(load_tokenizer(cfg.model.tokenizer))
+        """Tokenizer + chat template of model.tokenizer."""
+        self.prompts = load_prompts(cfg.agent.prompts)
+        self.make_sandbox = sandbox_factory(cfg.sandbox, sandboxes)
+        self.grade_sandbox = grading_sandbox_factory(cfg.sandbox, sandboxes)
 
-    grade = grade or swebench_grader(cfg.sandbox, Path(cfg.run_dir) / "grade")
-    return RolloutSetup(
-        engine=engine,
-        make_sandbox=make_sandbox or sandbox_factory(cfg.sandbox),
-        grade=grade,
-        chat=ChatFormat(load_tokenizer(cfg.model.tokenizer)),
-        prompts=load_prompts(cfg.agent.prompts),
-        agent=cfg.agent,
-        limits=limits_for(cfg, stage),
-        grade_sandbox=grade_sandbox or getattr(grade, "grade_sandbox", None),
-    )
+    def limits(self, stage: StageConfig | EvalConfig) -> EpisodeLimits:
+        """Episode limits of a stage (or of eval: no demonstration); the rest from sampling and sandbox."""
+        return EpisodeLimits(
+            t_max=stage.t_max,
+            context_length=stage.context_length,
+            max_tokens_per_turn=self.cfg.sampling.max_tokens_per_turn,
+            command_timeout_s=self.cfg.sandbox.command_timeout_s,
+            output_cap=self.cfg.sandbox.output_cap_bytes,
+            one_shot_demo=getattr(stage, "one_shot_demo", False),
+        )
+
+    def run(self, tasks: list[Task], samples: int, limits: EpisodeLimits, out_dir: Path,
+            engine: Engine | None = None) -> tuple[list[Trajectory], RolloutStats]:  # fmt: skip
+        """tasks x samples episodes (on `engine` instead of the run's, e.g. the warm start's scripted policy),
+        graded; out_dir gets trajectories.jsonl (replaced) and the grading logs (grade/). A dead server's
+        episodes are retried elsewhere; ServersDown when every sandbox server or engine is gone."""
+        engine = engine or self.engine
+        out_dir.mkdir(parents=True, exist_ok=True)
+        traj_file = out_dir / "trajectories.jsonl"
+        traj_file.unlink(missing_ok=True)
+        grade = swebench_grader(self.cfg.sandbox, out_dir / "grade", self.sandboxes)
+        setup = RolloutSetup(engine, self.make_sandbox, grade, self.chat, self.prompts, self.cfg.agent, limits,
+                             grade_sandbox=self.grade_sandbox)  # fmt: skip
+        trajs, stats = run_rollouts(tasks, samples, setup, traj_file, self.cfg.monitor.progress)
+        check_servers(self.sandboxes, engine)
+        return trajs, stats

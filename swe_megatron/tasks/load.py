@@ -6,8 +6,8 @@ Sources:
   hf://datasets/NAME[:SPLIT]  the hub (default split "test"), when the network allows
 
 FAIL_TO_PASS / PASS_TO_PASS may be lists or JSON strings of lists (as SWE-bench publishes them); `meta`
-may be a dict or a JSON string. Fields outside the SWE-bench schema are kept in Task.extra. Paths in
-extra (repo_dir, env_dir) stay as written: relative ones are relative to the tasks file's folder.
+may be a dict or a JSON string. Fields outside the SWE-bench schema are kept in Task.extra. Relative paths in
+extra (repo_dir, env_dir) are taken from the tasks file's folder (made absolute here, the only place).
 A malformed row raises TaskFormatError naming the file, the line (or row) and the field.
 """
 
@@ -65,6 +65,7 @@ def load_tasks(source: str | os.PathLike, *, hub_timeout_s: float = 10.0) -> lis
     seen: dict[str, str] = {}
     for where, row in rows:
         task = task_from_row(row, where)
+        _resolve_paths(task, path.parent)
         if task.instance_id in seen:
             raise TaskFormatError(
                 f"{where}: field 'instance_id': {task.instance_id!r} repeats {seen[task.instance_id]}"
@@ -100,6 +101,14 @@ def task_from_row(row: Any, where: str = "row") -> Task:
             extra.setdefault(key, _plain(value))
     values["extra"] = extra
     return Task(**values)
+
+
+def _resolve_paths(task: Task, folder: Path) -> None:
+    """extra.repo_dir / env_dir relative to `folder` (the tasks file's) -> absolute host paths."""
+    for key in ("repo_dir", "env_dir"):
+        value = task.extra.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            task.extra[key] = str((folder / value).resolve())
 
 
 def write_tasks(tasks: list[Task], path: str | os.PathLike) -> None:

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 from fake_sandbox import DirSandbox
 
-from swe_megatron.agent.episode import EpisodeLimits, run_episode
+from swe_megatron.agent.episode import Episode, EpisodeLimits, Scaffold
 from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.config.schema import AgentConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
@@ -60,9 +60,8 @@ def limits(**kw):
 
 def episode(task, engine, chat, sb=None, **kw):
     sb = sb or DirSandbox(task.extra["repo_dir"])
-    return run_episode(
-        task, 0, sb, engine, chat, PROMPTS, CFG, limits(**kw), sb.workdir, f"{task.instance_id}/0/0"
-    )
+    scaffold = Scaffold(engine, chat, PROMPTS, CFG, limits(**kw))
+    return Episode(scaffold, task, 0, sb, sb.workdir, f"{task.instance_id}/0/0").run()
 
 
 def test_scripted_gold_patch_reproduces_the_gold_diff(task, chat):
@@ -168,9 +167,8 @@ def test_warm_start_decoys_give_up_and_are_kept_for_sft(task, chat):
 
     def run(k):
         sb = DirSandbox(task.extra["repo_dir"])
-        return run_episode(
-            task, k, sb, policy, chat, PROMPTS, CFG, limits(), sb.workdir, f"{task.instance_id}/{k}/0"
-        )
+        scaffold = Scaffold(policy, chat, PROMPTS, CFG, limits())
+        return Episode(scaffold, task, k, sb, sb.workdir, f"{task.instance_id}/{k}/0").run()
 
     solved = run(0)
     gave_up = [run(1), run(2)]

@@ -19,8 +19,8 @@ from swe_megatron.config.schema import RunConfig, SandboxConfig
 from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
 from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_one, patch_bytes
 from swe_megatron.model.tokenizer import load_tokenizer
-from swe_megatron.rollout.rollouts import run_rollouts
-from swe_megatron.rollout.setup import load_tasks, make_setup
+from swe_megatron.rollout.setup import Rollouts
+from swe_megatron.tasks.load import load_tasks
 from swe_megatron.trajectory import ExitReason, Trajectory
 
 pytestmark = pytest.mark.sandbox
@@ -91,10 +91,10 @@ def _rollout(tmp_path, chat, tiny, extra_commands):
     script = gold_patch_script(tasks[0].patch)
     script[-1:-1] = [_block("Now this.", c) for c in extra_commands]
     cfg = RunConfig(run_dir=str(tmp_path / "run"), sandbox=SandboxConfig(command_timeout_s=60))
-    setup = make_setup(cfg, cfg.stage1, ScriptedPolicy(chat, {tasks[0].instance_id: script}))
-    out = tmp_path / "t.jsonl"
-    (traj,), stats = run_rollouts(tasks, 1, setup, out, progress=False)
-    return traj, stats, out
+    cfg.monitor.progress = False
+    rollouts = Rollouts(cfg, ScriptedPolicy(chat, {tasks[0].instance_id: script}), chat=chat)
+    (traj,), stats = rollouts.run(tasks, 1, rollouts.limits(cfg.stage1), tmp_path / "out")
+    return traj, stats, tmp_path / "out" / "trajectories.jsonl"
 
 
 @pytest.mark.parametrize(

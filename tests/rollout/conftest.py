@@ -27,12 +27,12 @@ def sandbox_servers(tmp_path):
 
 @pytest.fixture
 def gold_task(tmp_path):
-    """(tasks, chat): the grading tests' tiny real task, loaded as the rollouts load tasks, and the Qwen2.5 chat."""
+    """(tasks, chat): the grading tests' tiny real task, loaded by the task loader, and the Qwen2.5 chat."""
     import tiny_task
 
     from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.model.tokenizer import load_tokenizer
-    from swe_megatron.rollout.setup import load_tasks
+    from swe_megatron.tasks.load import load_tasks
 
     folder = tmp_path / "tasks"
     folder.mkdir()

@@ -11,14 +11,8 @@ from sandbox_servers import TOKEN, missing
 
 from swe_megatron.config.schema import RunConfig, SandboxConfig
 from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
-from swe_megatron.rollout.rollouts import run_rollouts
 from swe_megatron.rollout.routing import SandboxPool
-from swe_megatron.rollout.setup import (
-    grading_sandbox_factory,
-    make_setup,
-    sandbox_factory,
-    swebench_grader,
-)
+from swe_megatron.rollout.setup import Rollouts
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
@@ -37,18 +31,10 @@ def test_prewarm_never_holds_a_slot_a_running_episode_needs(tmp_path, sandbox_se
             setattr(cfg.agent, key, value)
         pool = SandboxPool.connect([server.url], TOKEN, command_timeout_s=60)
         pool.rotation.slot_wait_s = 20.0  # a stall shows as a wait of this long (SLOT_WAIT_S is 120 s)
-        grade = swebench_grader(cfg.sandbox, tmp_path / "grade", pool)
-        setup = make_setup(
-            cfg,
-            cfg.stage1,
-            engine,
-            grade,
-            sandbox_factory(cfg.sandbox, pool),
-            grade_sandbox=grading_sandbox_factory(cfg.sandbox, pool),
-        )
+        rollouts = Rollouts(cfg, engine, pool, chat)
         try:
             t0 = time.monotonic()
-            trajs, stats = run_rollouts(tasks, EPISODES, setup, progress=False)
+            trajs, stats = rollouts.run(tasks, EPISODES, rollouts.limits(cfg.stage1), tmp_path / "out")
             seconds = time.monotonic() - t0
         finally:
             pool.close()

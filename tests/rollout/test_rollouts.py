@@ -127,7 +127,8 @@ def test_gold_policy_reaches_reward_one_through_real_sandbox_and_grader(tmp_path
     import tiny_task
 
     from swe_megatron.config.schema import RunConfig
-    from swe_megatron.rollout.setup import load_tasks, make_setup
+    from swe_megatron.rollout.setup import Rollouts
+    from swe_megatron.tasks.load import load_tasks
 
     folder = tmp_path / "tasks"
     folder.mkdir()
@@ -137,9 +138,10 @@ def test_gold_policy_reaches_reward_one_through_real_sandbox_and_grader(tmp_path
     tasks = load_tasks(tasks_file)
     cfg = RunConfig(run_dir=str(tmp_path / "run"), sandbox=SandboxConfig(command_timeout_s=60))
     cfg.agent.concurrency = 2
+    cfg.monitor.progress = False
     engine = ScriptedPolicy(chat, {tasks[0].instance_id: gold_patch_script(tasks[0].patch)})
-    setup = make_setup(cfg, cfg.stage1, engine)
-    trajs, stats = run_rollouts(tasks, 2, setup, tmp_path / "t.jsonl", progress=False)
+    rollouts = Rollouts(cfg, engine, chat=chat)
+    trajs, stats = rollouts.run(tasks, 2, rollouts.limits(cfg.stage1), tmp_path / "out")
     for t in trajs:
         assert t.infra_failure is None, t.infra_failure
         assert t.exit_reason == ExitReason.submitted and t.reward == 1.0 and t.resolved and not t.drifted

@@ -11,15 +11,9 @@ from sandbox_servers import TOKEN, missing
 
 from swe_megatron.config.schema import RunConfig, SandboxConfig
 from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
-from swe_megatron.rollout.rollouts import run_rollouts
 from swe_megatron.rollout.routing import SandboxPool, ServersDown, check_servers
-from swe_megatron.rollout.setup import (
-    grading_sandbox_factory,
-    make_setup,
-    sandbox_factory,
-    swebench_grader,
-)
-from swe_megatron.trajectory import ExitReason
+from swe_megatron.rollout.setup import Rollouts
+from swe_megatron.trajectory import ExitReason, Trajectory
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
@@ -34,11 +28,8 @@ def test_killed_sandbox_server_mid_iteration(tmp_path, sandbox_servers, gold_tas
     cfg.agent.concurrency, cfg.agent.infra_retries = 4, 2
     pool = SandboxPool.connect([a.url, b.url], TOKEN, command_timeout_s=60)
     assert pool.rotation.capacity == [2, 2]
-    grade = swebench_grader(cfg.sandbox, tmp_path / "grade", pool)
-    grade_sandbox = grading_sandbox_factory(cfg.sandbox, pool)
-    setup = make_setup(
-        cfg, cfg.stage1, engine, grade, sandbox_factory(cfg.sandbox, pool), grade_sandbox=grade_sandbox
-    )
+    rollouts = Rollouts(cfg, engine, pool, chat)
+    limits = rollouts.limits(cfg.stage1)
     killed = threading.Event()
 
     def kill_a_when_busy():
@@ -53,7 +44,7 @@ def test_killed_sandbox_server_mid_iteration(tmp_path, sandbox_servers, gold_tas
     killer.start()
     try:
         t0 = time.monotonic()
-        trajs, stats = run_rollouts(tasks, 6, setup, tmp_path / "t.jsonl", progress=False)
+        trajs, stats = rollouts.run(tasks, 6, limits, tmp_path / "it0")
         seconds = time.monotonic() - t0
         killer.join(5)
         assert killed.is_set()
@@ -71,10 +62,13 @@ def test_killed_sandbox_server_mid_iteration(tmp_path, sandbox_servers, gold_tas
         print(f"6 episodes, a killed mid-iteration: {seconds:.1f} s, {stats.retries} retries")
 
         b.kill()
-        trajs, stats = run_rollouts(tasks, 2, setup, tmp_path / "t2.jsonl", progress=False)
-        assert all(t.excluded and t.exit_reason == ExitReason.sandbox_error for t in trajs)
         with pytest.raises(ServersDown, match="no sandbox server is left in rotation") as err:
-            check_servers(pool)
+            rollouts.run(tasks, 2, limits, tmp_path / "it1")
         assert a.url in str(err.value) and b.url in str(err.value)
+        lines = (tmp_path / "it1" / "trajectories.jsonl").read_text().splitlines()
+        trajs = [Trajectory.from_json(line) for line in lines]
+        assert len(trajs) == 2 and all(
+            t.excluded and t.exit_reason == ExitReason.sandbox_error for t in trajs
+        )
     finally:
         pool.close()

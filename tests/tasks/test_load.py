@@ -67,7 +67,7 @@ def test_rebench_extras_meta_and_unknown_fields(tmp_path):
     (task,) = load_tasks(path)
     assert task.meta == meta
     assert task.docker_image == "swerebench/x:1"
-    assert task.extra == {"repo_dir": "repos/x", "install_config": {"python": "3.9"}}
+    assert task.extra == {"repo_dir": str(tmp_path / "repos" / "x"), "install_config": {"python": "3.9"}}
 
 
 def test_version_number_and_missing_optionals():
@@ -90,7 +90,7 @@ def test_write_then_load_round_trips(tmp_path):
             FAIL_TO_PASS=["t::a"],
             PASS_TO_PASS=["t::b"],
             meta={"llm_score": {"test_score": 0}},
-            extra={"repo_dir": "repos/x", "mutation": {"line": 3}},
+            extra={"repo_dir": str(tmp_path / "repos" / "x"), "mutation": {"line": 3}},
         )
         for i in range(3)
     ]
@@ -207,3 +207,19 @@ def test_hub_without_network_fails_fast_with_a_clear_message():
     assert "hf://datasets/SWE-bench/SWE-bench_Verified:test" in message
     assert "not reachable" in message
     assert "parquet or JSONL" in message  # what to do instead
+
+
+def test_relative_repo_and_env_dirs_are_taken_from_the_tasks_files_folder(tmp_path, monkeypatch):
+    """The one task loader resolves extra.repo_dir / env_dir against the file's folder, whatever the working
+    directory (the sandboxes and the grader get host paths); absolute ones and a missing env_dir stay."""
+    row = swebench_row(1)
+    row["extra"] = {"repo_dir": "repos/x", "env_dir": "../envs/x"}
+    other = swebench_row(2, repo_dir="/abs/repo")
+    path = tmp_path / "sub" / "t.jsonl"
+    path.parent.mkdir()
+    write_jsonl(path, [row, other])
+    monkeypatch.chdir(tmp_path)
+    first, second = load_tasks(path.relative_to(tmp_path))
+    assert first.extra["repo_dir"] == str(tmp_path / "sub" / "repos" / "x")
+    assert first.extra["env_dir"] == str(tmp_path / "envs" / "x")
+    assert second.extra == {"repo_dir": "/abs/repo"}
