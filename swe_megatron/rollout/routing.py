@@ -2,8 +2,8 @@
 
     sandboxes = SandboxPool.connect(rv.sandbox_servers, rv.token)   # a sandbox factory: sandboxes.sandbox(spec)
     engine = RoutedEngine.vllm(rv.engines, "policy", cfg.sampling, [eos_id])
-    trajs, stats = run_rollouts(tasks, G, setup)                     # setup built around both
-    check_servers(sandboxes, engine)                                 # ServersDown if a kind is all gone
+    rollouts = Rollouts(cfg, engine, sandboxes)                      # rollout/setup.py, once per run
+    trajs, stats = rollouts.run(tasks, G, limits, out_dir)           # ServersDown if a kind is all gone
 
 Placement: a new sandbox goes to the live server holding the fewest of this run's sandboxes (ties in turn),
 not past the server's max_concurrent. A sandbox needed now waits for a slot while every live server is full
