@@ -32,11 +32,14 @@ from swe_megatron.algo import (
     rft_select,
     tasks_to_sample,
 )
+from swe_megatron.engine.scripted import ScriptedPolicy
 from swe_megatron.pipeline.eval import evaluate
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
 from swe_megatron.pipeline.spmd import World
 from swe_megatron.pipeline.topology import Topology
+from swe_megatron.pipeline.warm_start import scripts, sft_data
+from swe_megatron.rollout.command import render_trajectory
 from swe_megatron.rollout.setup import Rollouts
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import Trajectory
@@ -182,8 +185,6 @@ def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Pat
         ctx.monitor.scalars(group, values, step)
     ctx.monitor.histogram("episode/steps_hist", [t.num_steps for t in trajs], step)
     ctx.monitor.histogram("episode/tokens_hist", [len(t.token_ids) for t in trajs], step)
-    from swe_megatron.rollout.command import render_trajectory
-
     picks = sorted(trajs, key=lambda t: (not t.resolved, t.task_id, t.sample_index))
     for i, t in enumerate(picks[: ctx.cfg.monitor.sample_trajectories]):
         ctx.monitor.text(f"samples/{i}", f"{unit}\n\n```\n{render_trajectory(t)[:20000]}\n```", step)
@@ -241,9 +242,6 @@ def _rft_batch(stage, trajs: list[Trajectory], seconds: dict) -> Batch:
 
 # --- units -----------------------------------------------------------------------------------------------
 def _scripted_rollouts(ctx: Context, stage, unit: str) -> Batch:
-    from swe_megatron.engine.scripted import ScriptedPolicy
-    from swe_megatron.pipeline.warm_start import scripts, sft_data
-
     d = ctx.run.unit_dir(unit, fresh=True)
     tasks = [ctx.train_tasks[k] for k in sorted(ctx.train_tasks)]
     decoys = stage.warm_start_decoys
