@@ -11,13 +11,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
-class StageKind(str, Enum):
-    """What a stage optimises: supervised on filtered trajectories (RFT) or modified DAPO."""
-
-    sft = "sft"
-    dapo = "dapo"
-
-
 class LrSchedule(str, Enum):
     """Learning-rate schedule after warmup."""
 
@@ -61,14 +54,6 @@ class Recompute(str, Enum):
     none = "none"
     selective = "selective"
     full = "full"
-
-
-class ClusterBackend(str, Enum):
-    """How jobs are launched: in this process's machine, through Slurm, or submitit's debug executor."""
-
-    local = "local"
-    slurm = "slurm"
-    debug = "debug"
 
 
 @dataclass
@@ -218,10 +203,9 @@ class AlgoConfig:
 
 @dataclass
 class StageConfig:
-    """One stage of the recipe (rft, stage1, stage2): its loss, limits, batch and optimiser."""
+    """One stage of the recipe (rft, stage1, stage2): its limits, batch and optimiser. The stage's name sets
+    its loss: rft is rejection fine-tuning (SFT), stage1 and stage2 are DAPO (RL_STAGE_NAMES)."""
 
-    kind: StageKind = StageKind.dapo
-    """sft (rejection fine-tuning) or dapo (RL)."""
     iterations: int = 1
     """Iterations of sample -> rollout -> grade -> update (RFT: sampling rounds)."""
     tasks_per_iteration: int = 300
@@ -398,8 +382,6 @@ class SandboxConfig:
 class ClusterConfig:
     """Where the job runs: nodes, GPUs and the split between trainer and engines."""
 
-    backend: ClusterBackend = ClusterBackend.local
-    """local (one machine), slurm, or debug (submitit's in-process executor)."""
     nodes: int = 1
     """Nodes in the allocation."""
     gpus_per_node: int = 0
@@ -540,7 +522,7 @@ class RunConfig:
     """Rollout decoding."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Advantage/loss settings shared by RL stages."""
-    rft: StageConfig = field(default_factory=lambda: StageConfig(kind=StageKind.sft))
+    rft: StageConfig = field(default_factory=StageConfig)
     """Stage 0: rejection fine-tuning."""
     stage1: StageConfig = field(default_factory=StageConfig)
     """RL stage 1 (65k context)."""
@@ -563,4 +545,6 @@ class RunConfig:
 
 
 STAGE_NAMES = ("rft", "stage1", "stage2")
+RL_STAGE_NAMES = ("stage1", "stage2")
+"""The stages trained with modified DAPO; rft is rejection fine-tuning."""
 SCHEDULE_NAMES = (*STAGE_NAMES, "eval")

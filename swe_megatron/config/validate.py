@@ -7,11 +7,11 @@ import math
 from typing import Any
 
 from swe_megatron.config.schema import (
+    RL_STAGE_NAMES,
     SCHEDULE_NAMES,
     STAGE_NAMES,
     SandboxBackend,
     SandboxConfig,
-    StageKind,
     max_positions,
 )
 
@@ -51,7 +51,7 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
     ):
         if st[key] < 1:
             out.append(f"{name}.{key}={st[key]} is invalid; allowed: an integer >= 1")
-    if st.kind == StageKind.dapo and st.samples_per_task < 2:
+    if name in RL_STAGE_NAMES and st.samples_per_task < 2:
         out.append(
             f"{name}.samples_per_task={st.samples_per_task} is invalid for DAPO; allowed: >= 2 (group advantages)"
         )
@@ -152,7 +152,7 @@ def _model_problems(m: Any) -> list[str]:
 
 def _sampling_algo_problems(cfg: Any) -> list[str]:
     out = []
-    rl_stages = [n for n in STAGE_NAMES if n in cfg.schedule and cfg[n].kind == StageKind.dapo]
+    rl_stages = [n for n in RL_STAGE_NAMES if n in cfg.schedule]
     for key, off in UNTRUNCATED.items():
         if rl_stages and cfg.sampling[key] != off:
             out.append(
