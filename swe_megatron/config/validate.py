@@ -12,6 +12,7 @@ from swe_megatron.config.schema import (
     STAGE_NAMES,
     SandboxBackend,
     SandboxConfig,
+    StageConfig,
     max_positions,
 )
 
@@ -29,6 +30,26 @@ UNTRUNCATED = {
 
 ROPE_SCALING_TYPES = (None, "yarn")
 """What train/model.py implements (Megatron-Core's "rope" and "yarn" position embeddings)."""
+
+
+RFT_ONLY = ("warm_start", "warm_start_epochs", "warm_start_lr", "warm_start_decoys", "max_kept_per_task")
+"""Stage keys only rejection fine-tuning (rft) reads: the warm start and the cap on kept successes."""
+DAPO_ONLY = ("eps_low", "eps_high")
+"""Stage keys only the DAPO stages (RL_STAGE_NAMES) read: the clip range."""
+
+
+def _unused_stage_keys(cfg: Any) -> list[str]:
+    """Stage keys set on a kind of stage that never reads them (rft is SFT, stage1 and stage2 are DAPO)."""
+    default, out = StageConfig(), []
+    for name in STAGE_NAMES:
+        unused, readers = (RFT_ONLY, "rft") if name in RL_STAGE_NAMES else (DAPO_ONLY, "stage1 and stage2")
+        for key in unused:
+            if cfg[name][key] != getattr(default, key):
+                out.append(
+                    f"{name}.{key}={cfg[name][key]} has no effect: only {readers} read it; allowed: leave it "
+                    f"unset ({getattr(default, key)})"
+                )
+    return out
 
 
 def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
@@ -256,6 +277,7 @@ def validate(cfg: Any) -> list[str]:
     for name in STAGE_NAMES:
         if name in cfg.schedule:
             out += _stage_problems(name, cfg[name], cfg.model)
+    out += _unused_stage_keys(cfg)
     out += _sampling_algo_problems(cfg) + _parallel_problems(cfg.parallel, cfg.model)
     out += _sandbox_engine_problems(cfg) + _cluster_problems(cfg) + _agent_problems(cfg)
     if cfg.eval.runs < 1 or any(k < 1 or k > cfg.eval.runs for k in cfg.eval.k):

@@ -245,3 +245,23 @@ def test_sandbox_limits_accept_positive_values_and_an_absolute_workspace():
     )
     assert (cfg.sandbox.memory_mb, cfg.sandbox.command_timeout_s) == (1, 0.5)
     assert load_config("embedded", ["sandbox.sif_dir=/srv/sifs"]).sandbox.sif_dir == "/srv/sifs"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "stage1.warm_start=scripted",
+        "stage2.warm_start_epochs=3",
+        "stage1.warm_start_lr=0.01",
+        "stage2.warm_start_decoys=1",
+        "stage1.max_kept_per_task=3",
+        "rft.eps_low=0.1",
+        "rft.eps_high=0.5",
+    ],
+)
+def test_a_stage_setting_the_stage_does_not_use_is_refused(override):
+    """The warm start and the per-task cap are rejection fine-tuning's (the pipeline reads them for rft only),
+    the clip range is DAPO's (rft never reads it): set on the other kind of stage, one message names the key."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}=.* has no effect"):
+        load_config("embedded", [override])
