@@ -655,6 +655,7 @@ def decide(
 
 
 def _test_spec(task: Task, tg: TaskGrading):
+    # Lazy: swebench is optional, and its harness must first be imported lightly (import_swebench_grading).
     from swebench.types import TestSpec
 
     return TestSpec(
