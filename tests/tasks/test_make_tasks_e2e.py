@@ -8,6 +8,7 @@ gives the same tasks. Grading inside sandboxes is tests/grading's business. Need
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -77,11 +78,14 @@ def test_tasks_are_real_and_self_consistent(built, tmp_path):
     tasks = load_tasks(out / "train.jsonl")
     assert len(tasks) == N_TASKS and load_tasks(out / "test.jsonl") == []
     assert len({t.instance_id for t in tasks}) == N_TASKS
-    for task in tasks:
+    rows = [json.loads(line)["extra"] for line in (out / "train.jsonl").read_text().splitlines()]
+    for task, row in zip(tasks, rows, strict=True):
         extra = task.extra
         assert set(extra) >= {"repo_dir", "env_dir", "test_cmd", "test_files", "library", "mutation"}
-        assert not Path(extra["repo_dir"]).is_absolute() and not Path(extra["env_dir"]).is_absolute()
-        repo, env_dir = out / extra["repo_dir"], out / extra["env_dir"]
+        # The file holds paths relative to its folder (the task set moves as one); the loader resolves them.
+        assert not Path(row["repo_dir"]).is_absolute() and not Path(row["env_dir"]).is_absolute()
+        repo, env_dir = Path(extra["repo_dir"]), Path(extra["env_dir"])
+        assert (repo, env_dir) == ((out / row["repo_dir"]).resolve(), (out / row["env_dir"]).resolve())
         assert (env_dir / "bin" / "python").resolve() == Path("/usr/bin/python3.11").resolve()
         # One commit, the buggy state, clean; the hidden test files are not in it.
         assert git(repo, "rev-list", "--all").split() == [task.base_commit]
