@@ -131,7 +131,7 @@ def vllm_tokens_per_s(requests: int, max_tokens: int, levels: list[int]) -> list
     t0 = time.perf_counter()
     with VllmServer(str(model_dir), port, EngineConfig(cpu_kvcache_gib=1), work / "server", 4096) as srv:
         start_s = time.perf_counter() - t0
-        eng = VllmEngine([srv.url], "policy", SamplingConfig(), [chat.eos_id])
+        eng = VllmEngine(srv.url, "policy", SamplingConfig(), [chat.eos_id])
         eng.generate(prompt, 8)  # warm-up
         for c in levels:
             t = time.perf_counter()

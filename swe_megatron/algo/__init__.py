@@ -12,7 +12,6 @@ from swe_megatron.algo.curriculum import (
     TaskStats,
     outcomes,
     refresh_pool,
-    write_json_atomic,
 )
 from swe_megatron.algo.dapo_batch import DapoBatch, DapoOptions, build_dapo_batch
 from swe_megatron.algo.dynamic_sampling import DynamicSamplingReport, dynamic_sampling, tasks_to_sample
@@ -50,5 +49,4 @@ __all__ = [
     "tasks_to_sample",
     "token_entropy",
     "token_logprobs",
-    "write_json_atomic",
 ]

@@ -1,8 +1,8 @@
 """The task pool and the two-stage curriculum: which tasks each iteration trains on.
 
-The pool keeps, per stage and iteration, how often each task was attempted and solved, and persists
-that history as one JSON file in the run directory (atomic write: temporary file + os.replace), so a
-run resumes where it stopped. Sampling walks seeded permutations of the active tasks (one per epoch),
+The pool keeps, per stage and iteration, how often each task was attempted and solved; its whole state
+is plain data (`to_dict` / `from_dict`), which the run directory saves after every change so a run
+resumes where it stopped (pipeline/run_dir.py). Sampling walks seeded permutations of the active tasks (one per epoch),
 so every task is seen about equally often and iteration i draws the same tasks after a restart.
 Entering a stage can refresh the pool; the paper's stage 2 drops tasks solved in >= 2/3 of their
 attempts over training so far (too easy) and tasks never solved (too hard).
@@ -10,13 +10,10 @@ attempts over training so far (too easy) and tasks never solved (too hard).
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from swe_megatron.trajectory import Trajectory
@@ -112,31 +109,19 @@ def outcomes(trajectories: Iterable[Trajectory]) -> list[tuple[str, bool]]:
     return [(t.task_id, bool(t.resolved)) for t in trajectories if not t.excluded]
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that a crash leaves either the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class TaskPool:
     """Active tasks, per-iteration attempt/success history, and seeded resumable sampling.
 
-    Use: `pool = TaskPool.open(path, task_ids, seed)`, then per stage `pool.start_stage(name, rule)`,
-    per iteration `tasks = pool.sample(n, it)` ... `pool.record(it, outcomes(trajs))`. Every change is
-    saved at once when the pool has a path.
+    Use: `pool = TaskPool(task_ids, seed)` (or `TaskPool.from_dict(saved)`), then per stage
+    `pool.start_stage(name, rule)`, per iteration `tasks = pool.sample(n, it)` ...
+    `pool.record(it, outcomes(trajs))`; whoever keeps it saves `pool.to_dict()` after each change.
     """
 
-    def __init__(self, task_ids: Sequence[str], seed: int, path: str | Path | None = None):
+    def __init__(self, task_ids: Sequence[str], seed: int):
         ids = [str(t) for t in task_ids]
         dup = sorted(t for t, c in Counter(ids).items() if c > 1)
         if dup:
             raise ValueError(f"TaskPool: duplicate task ids {dup[:5]}")
-        self.path = Path(path) if path is not None else None
         self.seed = int(seed)
         self.task_ids = ids
         """Every task the pool was created with, in the given order."""
@@ -170,50 +155,17 @@ class TaskPool:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], path: str | Path | None = None) -> TaskPool:
-        """Inverse of to_dict."""
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskPool:
+        """Inverse of to_dict; ValueError for data of another format."""
         if data.get("format") != POOL_FORMAT:
-            raise ValueError(f"task pool {path}: format {data.get('format')!r} is not {POOL_FORMAT}")
-        pool = cls(data["task_ids"], data["seed"], path)
+            raise ValueError(f"task pool format {data.get('format')!r} is not {POOL_FORMAT}")
+        pool = cls(data["task_ids"], data["seed"])
         pool.active = list(data["active"])
         pool.stage = data["stage"]
         pool.cursor = {k: int(v) for k, v in data["cursor"].items()}
         pool.last_sample = data["last_sample"]
         pool.log = {k: {t: [int(a), int(s)] for t, (a, s) in v.items()} for k, v in data["log"].items()}
         pool.refresh_reports = dict(data["refresh_reports"])
-        return pool
-
-    def save(self) -> None:
-        """Write the state to the pool's path (atomically); no-op without a path."""
-        if self.path is not None:
-            write_json_atomic(self.path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> TaskPool:
-        """Read a pool saved by save()."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(
-                f"task pool {path} cannot be read ({e}); delete it to start the history afresh"
-            ) from None
-        return cls.from_dict(data, path)
-
-    @classmethod
-    def open(cls, path: str | Path, task_ids: Sequence[str], seed: int) -> TaskPool:
-        """Resume the pool at `path` if it exists (it must hold the same tasks and seed), else start one."""
-        path = Path(path)
-        if not path.exists():
-            pool = cls(task_ids, seed, path)
-            pool.save()
-            return pool
-        pool = cls.load(path)
-        if pool.seed != int(seed) or set(pool.task_ids) != {str(t) for t in task_ids}:
-            raise ValueError(
-                f"task pool {path} was created with seed {pool.seed} and {len(pool.task_ids)} tasks, but this run "
-                f"has seed {seed} and {len(task_ids)} tasks; use a fresh run directory or the original tasks"
-            )
         return pool
 
     # history ---------------------------------------------------------------------------------------
@@ -234,7 +186,6 @@ class TaskPool:
             a_s[0] += 1
             a_s[1] += int(bool(ok))
         self.log[f"{stage}:{iteration}"] = entry
-        self.save()
 
     def stats(self, stages: Iterable[str] | None = None) -> dict[str, TaskStats]:
         """Attempts and successes per task summed over the history (optionally only some stages)."""
@@ -270,7 +221,6 @@ class TaskPool:
                 )
             self.refresh_reports[stage] = asdict(report)
         self.stage = stage
-        self.save()
         return report
 
     def sample(self, n: int, iteration: int) -> list[str]:
@@ -313,7 +263,6 @@ class TaskPool:
                 chosen.append(tid)
         self.cursor[stage] = cursor
         self.last_sample = {"stage": stage, "iteration": iteration, "tasks": chosen}
-        self.save()
         return list(chosen)
 
     def _epoch_order(self, stage: str, epoch: int) -> list[str]:

@@ -7,7 +7,6 @@ Infrastructure failures and drifted trajectories are excluded and counted, never
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,8 +65,19 @@ class DapoBatch:
     """Trajectories excluded as infrastructure failures or drift."""
     dynamic_sampling: DynamicSamplingReport = field(default_factory=DynamicSamplingReport)
     """Dynamic-sampling counts (over the non-excluded trajectories)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Reward, length and exit-reason statistics over the non-excluded trajectories."""
+
+    def as_metrics(self) -> dict[str, dict[str, float]]:
+        """What the batch adds to the rollout's metrics: advantage statistics and dynamic-sampling counts."""
+        adv, ds = self.advantages.tolist(), self.dynamic_sampling
+        advantage = {"mean": sum(adv) / len(adv), "abs_mean": sum(map(abs, adv)) / len(adv),
+                     "min": min(adv), "max": max(adv)} if adv else {}  # fmt: skip
+        dropped_groups = ds.dropped_all_equal_groups + ds.dropped_surplus_groups
+        dropped = ds.dropped_all_equal + ds.dropped_zero_advantage + ds.dropped_surplus
+        totals = {"dropped_groups": float(dropped_groups), "dropped_trajectories": float(dropped)}
+        return {
+            "advantage": advantage,
+            "dynamic_sampling": ds.as_metrics("") | totals | {"excluded": float(self.excluded)},
+        }
 
 
 def build_dapo_batch(
@@ -84,16 +94,6 @@ def build_dapo_batch(
     finals = [float(t.reward) + p for t, p in zip(valid, penalties)]
     groups = [t.task_id for t in valid]
     adv = group_advantages(finals, groups, options.adv_eps, options.std)
-    n = max(len(valid), 1)
-    metrics = {
-        "reward/test_mean": sum(float(t.reward) for t in valid) / n,
-        "reward/final_mean": sum(finals) / n,
-        "reward/length_penalty_mean": sum(penalties) / n,
-        "episode/steps_mean": sum(t.num_steps for t in valid) / n,
-        "episode/excluded": float(excluded),
-    }
-    for reason, count in Counter(t.exit_reason.value for t in trajectories).items():
-        metrics[f"episode/exit_{reason}"] = float(count)
     if options.drop_zero_advantage:
         pairs = list(zip(valid, finals))
         kept_pairs, kept_adv, report = dynamic_sampling(pairs, groups, adv, max_groups)
@@ -111,5 +111,4 @@ def build_dapo_batch(
         final_rewards=[f for _, f in kept_pairs],
         excluded=excluded,
         dynamic_sampling=report,
-        metrics=metrics,
     )

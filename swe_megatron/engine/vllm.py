@@ -1,15 +1,14 @@
-"""Client of vLLM OpenAI-compatible servers: prompts as token ids, sampled ids and logprobs back.
+"""Client of one vLLM OpenAI-compatible server: prompts as token ids, sampled ids and logprobs back.
 
 Every request spells out unbiased sampling (temperature 1, top-p 1, top-k off, min-p 0, all penalties off)
 so nothing a server or model default says can truncate the distribution (paper-spec.md, decoding finding;
 design.md invariant 3). Servers must be started with `--generation-config vllm` (see vllm_server.py).
-Sessions are routed stickily: an episode's turns go to the server that holds its prefix in cache.
+Many servers behind one engine, with sticky sessions, are rollout/routing.py's RoutedEngine.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -99,63 +98,45 @@ def reset_prefix_cache(url: str, timeout_s: float, attempts: int = 5, delay_s: f
 
 
 class VllmEngine:
-    """Many vLLM servers behind one Engine: least-loaded assignment on a session's first turn, then sticky."""
+    """One vLLM server as an Engine (RoutedEngine spreads sessions over many of these)."""
 
     def __init__(
         self,
-        urls: list[str],
+        url: str,
         model: str,
         sampling: SamplingConfig,
         stop_token_ids: list[int],
         timeout_s: float = 600.0,
     ):
-        if not urls:
-            raise ValueError("VllmEngine needs at least one server url")
-        self.urls = [u.rstrip("/") for u in urls]
+        if not isinstance(url, str):
+            raise TypeError(f"VllmEngine takes one server URL, not {url!r}; many servers: RoutedEngine.vllm")
+        self.url = url.rstrip("/")
         self.model = model
         self.sampling = sampling
         self.stop_token_ids = stop_token_ids
         self.timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._route: dict[str, int] = {}
-        self._load = [0] * len(self.urls)
-
-    def server_for(self, session: str) -> int:
-        """Index of the server that serves `session` (assigned to the least-loaded one on first use)."""
-        with self._lock:
-            if session not in self._route:
-                i = min(range(len(self.urls)), key=lambda k: (self._load[k], k))
-                self._route[session] = i
-                self._load[i] += 1
-            return self._route[session]
 
     def end_session(self, session: str) -> None:
-        """Release a session's server slot."""
-        with self._lock:
-            i = self._route.pop(session, None)
-            if i is not None:
-                self._load[i] -= 1
+        """Nothing to release: one server keeps no routing."""
 
     def generate(self, prompt_ids: list[int], max_tokens: int, session: str = "") -> Generation:
-        """One turn on the session's server."""
-        url = self.urls[self.server_for(session)] if session else self.urls[0]
+        """One turn on the server (session is the routing key of RoutedEngine; unused here)."""
         body = completion_body(self.model, prompt_ids, max_tokens, self.sampling, self.stop_token_ids)
-        data = post_json(f"{url}/v1/completions", body, self.timeout_s)
+        data = post_json(f"{self.url}/v1/completions", body, self.timeout_s)
         if data is None:
-            raise EngineError(f"{url}: empty completion response")
+            raise EngineError(f"{self.url}: empty completion response")
         return parse_completion(data)
 
     def reload_weights(self, path: str) -> None:
-        """Every server reloads weights from a checkpoint folder in place, then drops its prefix cache.
+        """The server reloads weights from a checkpoint folder in place, then drops its prefix cache.
 
         Uses the dev-mode routes (servers started with VLLM_SERVER_DEV_MODE=1): `/collective_rpc` calling the
         workers' `reload_weights(weights_path=...)`, then `/reset_prefix_cache` (checked, see
         `reset_prefix_cache`), since cached KV blocks were computed by the old weights.
         """
-        for url in self.urls:
-            post_json(
-                f"{url}/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": path}},
-                self.timeout_s,
-            )
-            reset_prefix_cache(url, self.timeout_s)
+        post_json(
+            f"{self.url}/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": path}},
+            self.timeout_s,
+        )
+        reset_prefix_cache(self.url, self.timeout_s)

@@ -15,14 +15,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from swe_megatron.config.schema import EngineConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
+from swe_megatron.net import wait_healthy
 
 
 def server_command(
@@ -180,28 +178,12 @@ class VllmServer:
         )
         log.close()
 
-    def healthy(self) -> bool:
-        """GET /health answers 200."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
     def wait_healthy(self, timeout_s: float = 300.0) -> None:
-        """Block until healthy; EngineError with the log's tail if the process dies or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise EngineError(
-                    f"vLLM server on port {self.port} exited ({self.proc.returncode}):\n{self._tail()}"
-                )
-            if self.healthy():
-                return
-            time.sleep(1.0)
-        raise EngineError(
-            f"vLLM server on port {self.port} not healthy after {timeout_s:.0f} s:\n{self._tail()}"
-        )
+        """Block until GET /health answers 200; EngineError with the log's tail if the process dies or time
+        runs out."""
+        why = wait_healthy(self.url, self.proc, timeout_s)
+        if why is not None:
+            raise EngineError(f"vLLM server on port {self.port} {why}:\n{self._tail()}")
 
     def _tail(self, n: int = 30) -> str:
         try:

@@ -32,7 +32,6 @@ What counts as what (design.md invariant 4; the excluded kinds are the Excluded 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shlex
@@ -48,6 +47,7 @@ from typing import Any
 
 from unidiff import PatchSet
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.grading import eval_script
 from swe_megatron.grading.sanitize import DroppedFile, sanitize_patch, task_test_paths
 from swe_megatron.grading.swebench_light import import_swebench_grading
@@ -568,7 +568,7 @@ class _SandboxRun:
         run.timed_out = run.held or (code in eval_script.TIMEOUT_EXIT_CODES and past_timeout)
         run.record = _parse_record(out.record)
         if out.record is not None:
-            _write_bytes(self.logs / "record.json", out.record)
+            write_atomic(self.logs / "record.json", out.record)
         run.log_path = self.logs / "test_output.txt"
         _write_text(run.log_path, compose_log(_text(out.output), code, run.timed_out, _parse_int(out.cut)))
 
@@ -761,10 +761,4 @@ def _with_newline(text: str) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    _write_bytes(path, text.encode("utf-8", errors="replace"))
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_atomic(path, text.encode("utf-8", errors="replace"))

@@ -13,12 +13,11 @@ failure; SWE-bench files it under errors), and error_ids holds infrastructure fa
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.grading.grader import EMPTY_PATCH, ERROR, RESOLVED, UNRESOLVED, GradeResult
 
 SCHEMA = "swe_megatron.grade_report/1"
@@ -132,15 +131,4 @@ def build_report(
 
 def write_report(report: Mapping[str, Any], path: str | Path) -> Path:
     """Write the report as JSON atomically (a temporary file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(report, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, json.dumps(report, indent=2, default=str) + "\n")

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.errors import UsageError
 
 VERSION = 1
@@ -45,23 +46,6 @@ class RendezvousError(UsageError):
     """The rendezvous could not complete (a server did not come up) or its files are unsafe or malformed."""
 
 
-def atomic_write(path: str | Path, text: str, mode: int = 0o600) -> None:
-    """Write text to path through a temporary file in the same folder and a rename (never a partial file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)  # the umask may have cut bits off
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def init_job_dir(job_dir: str | Path) -> Path:
     """Create JOB_DIR (0700), drop entries of an earlier start of the job, write a fresh token; returns its path."""
     job_dir = Path(job_dir)
@@ -71,7 +55,7 @@ def init_job_dir(job_dir: str | Path) -> Path:
     (job_dir / MERGED).unlink(missing_ok=True)
     (job_dir / ENTRIES).mkdir(mode=0o700)
     token = job_dir / TOKEN_FILE
-    atomic_write(token, secrets.token_hex(32) + "\n")
+    write_atomic(token, secrets.token_hex(32) + "\n", mode=0o600)
     return token
 
 
@@ -96,7 +80,7 @@ def publish(job_dir: str | Path, role: str, index: int, url: str, node: str, pid
         raise ValueError(f"role {role!r} is not one of {ROLES}")
     entry = {"role": role, "index": index, "url": url, "node": node, "pid": pid or os.getpid()}
     path = Path(job_dir) / ENTRIES / f"{role}-{index}.json"
-    atomic_write(path, json.dumps(entry) + "\n")
+    write_atomic(path, json.dumps(entry) + "\n", mode=0o600)
     return path
 
 
@@ -183,7 +167,7 @@ def wait(
         engines=tuple(found["engine"][i]["url"] for i in range(expected.get("engine", 0))),
         sandbox_servers=tuple(found["sandbox"][i]["url"] for i in range(expected.get("sandbox", 0))),
     )
-    atomic_write(job_dir / MERGED, rv.to_json())
+    write_atomic(job_dir / MERGED, rv.to_json(), mode=0o600)
     return rv
 
 

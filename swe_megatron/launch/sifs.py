@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swe_megatron.launch.rendezvous import atomic_write
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.launch.slurm_env import LaunchError
 
 MANIFEST = "manifest.json"
@@ -106,7 +106,7 @@ class SifBuilder:
         with self._lock:
             self.records[rec.image] = asdict(rec)
             doc = {"format": MANIFEST_FORMAT, "images": dict(sorted(self.records.items()))}
-            atomic_write(self.sif_dir / MANIFEST, json.dumps(doc, indent=1) + "\n", mode=0o644)
+            write_atomic(self.sif_dir / MANIFEST, json.dumps(doc, indent=1) + "\n", mode=0o644)
 
     def build_one(self, image: str) -> SifRecord:
         """Build (or skip) one image; never raises for a failed build (it is recorded)."""

@@ -22,12 +22,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from swe_megatron.launch import rendezvous
 from swe_megatron.launch.slurm_env import SlurmEnv
+from swe_megatron.net import wait_healthy
 
 EXIT_RESUMABLE = 75
 """Exit status of a trainer step stopped before the end of its schedule (the job should be requeued)."""
@@ -147,27 +146,16 @@ def engine(job_dir: str, config: str, overrides: list[str], stage: str, environ=
     argv[argv.index("--host") + 1] = env.hostname  # reachable from the trainer's node, not only localhost
     child = _Child(argv, work / "vllm.log", server_env(cfg.engine, work))
     url = f"http://{env.hostname}:{port}"
-    deadline = time.monotonic() + cfg.cluster.startup_timeout_s
-    while not _healthy(url):
+    why = wait_healthy(url, child.proc, cfg.cluster.startup_timeout_s)
+    if why is not None:
+        print(f"vLLM server {url} {why}:\n{child.tail()}", file=sys.stderr)
         if child.proc.poll() is not None:
-            print(f"vLLM server {url} exited ({child.proc.returncode}):\n{child.tail()}", file=sys.stderr)
             return child.wait() or 1
-        if time.monotonic() > deadline:
-            child.proc.terminate()
-            print(f"vLLM server {url} not healthy in {cfg.cluster.startup_timeout_s:.0f} s", file=sys.stderr)
-            return 1
-        time.sleep(1.0)
+        child.proc.terminate()
+        return 1
     rendezvous.publish(job, "engine", env.rank, url, env.hostname, child.proc.pid)
     print(f"engine {env.rank} on {url}", flush=True)
     return child.wait()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _read(path: Path, offset: int = 0) -> str:

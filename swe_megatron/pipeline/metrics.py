@@ -23,12 +23,15 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
             infra[kind] += 1
     actions = [sum(t.action_mask) for t in trajs]
     engine_lp = [lp for t in valid for lp, m in zip(t.logprobs, t.action_mask) if m]
+    reward = sum(float(t.reward) for t in valid) / n
+    penalty = sum(length_penalty(t.num_steps, t_max, l_thr) for t in valid) / n
     return {
         "reward": {
-            "mean": sum(float(t.reward) for t in valid) / n,
+            "mean": reward,
             "resolved_rate": sum(bool(t.resolved) for t in valid) / n,
             "pass@1": mean_pass_at_k(by_task, 1) if by_task else 0.0,
-            "length_penalty_mean": sum(length_penalty(t.num_steps, t_max, l_thr) for t in valid) / n,
+            "length_penalty_mean": penalty,
+            "final_mean": reward + penalty,  # R_final = R + R_length, the reward DAPO's advantages use
         },
         "episode": {
             "steps_mean": turns / n,

@@ -18,13 +18,14 @@ counted twice, also after SIGKILL mid-unit.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from swe_megatron.algo import TaskPool
+from swe_megatron.atomic_write import write_atomic, write_json_atomic
 from swe_megatron.errors import UsageError
 
 STATE_FORMAT = 1
@@ -32,22 +33,6 @@ RESUME_KEYS = ("model", "seed", "schedule", "tasks.train_file")
 """Config keys that must not change when a run resumes (weights, sampling streams and unit order depend on them)."""
 STAGE_RESUME_KEYS = ("tasks_per_iteration", "samples_per_task", "warm_start")
 """Per-stage keys that must not change for a stage that has committed units."""
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write text so that a crash leaves the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _get(cfg_dict: dict, dotted: str) -> Any:
@@ -162,6 +147,29 @@ class RunDir:
     def checkpoint(self) -> dict | None:
         """{"unit", "path" (relative to the run dir), "stage"} of the last committed checkpoint, or None."""
         return self.state.get("checkpoint")
+
+    def open_pool(self, task_ids: list[str], seed: int) -> TaskPool:
+        """The live task pool: pool.json's (it must hold these tasks and seed) if there, else a new one, saved."""
+        if not self.pool_path.exists():
+            pool = TaskPool(task_ids, seed)
+            self.save_pool(pool)
+            return pool
+        try:
+            pool = TaskPool.from_dict(json.loads(self.pool_path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(
+                f"task pool {self.pool_path} cannot be read ({e}); delete it to start the history afresh"
+            ) from None
+        if pool.seed != int(seed) or set(pool.task_ids) != set(task_ids):
+            raise UsageError(
+                f"task pool {self.pool_path} was created with seed {pool.seed} and {len(pool.task_ids)} tasks, but "
+                f"this run has seed {seed} and {len(task_ids)} tasks; use a fresh run directory or the original tasks"
+            )
+        return pool
+
+    def save_pool(self, pool: TaskPool) -> None:
+        """Write the live task pool (atomically); call after every change, the next commit snapshots it."""
+        write_json_atomic(self.pool_path, pool.to_dict(), separators=(",", ":"))
 
     def restore_pool(self) -> None:
         """Make the live pool file the one of the last committed unit (or none), dropping uncommitted changes."""

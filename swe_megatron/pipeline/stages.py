@@ -201,9 +201,23 @@ def _rollouts(ctx: Context, stage, tasks: list[Task], samples: int, unit_dir: Pa
 
 def _pool(ctx: Context, stage_name: str) -> TaskPool:
     if ctx.pool is None:
-        ctx.pool = TaskPool.open(ctx.run.pool_path, sorted(ctx.train_tasks), ctx.cfg.seed)
+        ctx.pool = ctx.run.open_pool(sorted(ctx.train_tasks), ctx.cfg.seed)
     ctx.pool.start_stage(stage_name, RefreshRule.from_stage_config(getattr(ctx.cfg, stage_name)))
+    ctx.run.save_pool(ctx.pool)
     return ctx.pool
+
+
+def _sample(ctx: Context, pool: TaskPool, n: int, it: int) -> list[Task]:
+    """n tasks of the pool for iteration it (the pool saved before anything is rolled out)."""
+    ids = pool.sample(n, it)
+    ctx.run.save_pool(pool)
+    return [ctx.train_tasks[k] for k in ids]
+
+
+def _record(ctx: Context, it: int, trajs: list[Trajectory]) -> None:
+    """The iteration's model outcomes into the pool's history (saved; the commit snapshots it)."""
+    ctx.pool.record(it, outcomes(trajs))
+    ctx.run.save_pool(ctx.pool)
 
 
 @dataclass
@@ -283,7 +297,7 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
 def _sampled_rollouts(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
     stage = getattr(ctx.cfg, stage_name)
     d = ctx.run.unit_dir(unit, fresh=True)
-    tasks = [ctx.train_tasks[k] for k in _pool(ctx, stage_name).sample(stage.tasks_per_iteration, it)]
+    tasks = _sample(ctx, _pool(ctx, stage_name), stage.tasks_per_iteration, it)
     return _rft_batch(stage, *_rollouts(ctx, stage, tasks, stage.samples_per_task, d))
 
 
@@ -304,7 +318,7 @@ def rft_iteration(ctx: Context, it: int, stage_name: str = "rft") -> None:
     ckpt = _checkpoint_and_sync(ctx, unit, stage_name, b.seconds)
 
     def finish() -> None:
-        ctx.pool.record(it, outcomes(b.trajs))
+        _record(ctx, it, b.trajs)
         metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
         metrics["rft"] = b.info.as_metrics("")
         metrics["train"] = train_metrics(steps)
@@ -319,7 +333,7 @@ def _dapo_rollouts(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
     d = ctx.run.unit_dir(unit, fresh=True)
     pool = _pool(ctx, stage_name)
     n = tasks_to_sample(stage.tasks_per_iteration, cfg.algo.oversample_factor, len(pool.active))
-    tasks = [ctx.train_tasks[k] for k in pool.sample(n, it)]
+    tasks = _sample(ctx, pool, n, it)
     trajs, seconds = _rollouts(ctx, stage, tasks, stage.samples_per_task, d)
     max_groups = stage.tasks_per_iteration if cfg.algo.oversample_factor > 1 else None
     batch = build_dapo_batch(trajs, DapoOptions.from_config(cfg.algo, stage), max_groups)
@@ -350,15 +364,8 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
     ckpt = _checkpoint_and_sync(ctx, unit, stage_name, b.seconds)
 
     def finish() -> None:
-        ctx.pool.record(it, outcomes(b.trajs))
-        ds, adv = b.info.dynamic_sampling, b.info.advantages.tolist()
-        metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
-        metrics["reward"]["final_mean"] = b.info.metrics.get("reward/final_mean", 0.0)
-        metrics["advantage"] = {"mean": sum(adv) / len(adv), "abs_mean": sum(map(abs, adv)) / len(adv),
-                                "min": min(adv), "max": max(adv)} if adv else {}  # fmt: skip
-        metrics["dynamic_sampling"] = {"dropped_groups": float(ds.dropped_all_equal_groups + ds.dropped_surplus_groups),
-                                       "dropped_trajectories": float(ds.dropped_all_equal + ds.dropped_zero_advantage + ds.dropped_surplus),
-                                       "kept": float(ds.kept), "excluded": float(b.info.excluded)}  # fmt: skip
+        _record(ctx, it, b.trajs)
+        metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr) | b.info.as_metrics()
         metrics["train"] = train_metrics(steps)
         metrics["time"] = b.seconds | {"iteration_s": time.perf_counter() - t0}
         metrics["pool"] = {"active": float(len(ctx.pool.active))}

@@ -27,21 +27,19 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.vllm_server import VllmServer, die_with_parent, engine_model_dir
 from swe_megatron.launch import rendezvous
+from swe_megatron.net import free_port, port_or_free, wait_healthy
+from swe_megatron.procfs import proc_stat
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
 
 
 def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    st = proc_stat(pid)
+    return None if st is None else str(st.start_time)  # pids.json keeps it as a string
 
 
 def reap_stale(pid_file: Path) -> int:
@@ -69,25 +67,6 @@ def reap_stale(pid_file: Path) -> int:
             pass
     pid_file.unlink(missing_ok=True)
     return killed
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_or_free(port: int) -> int:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            return _free_port()
 
 
 class NullTopology:
@@ -187,7 +166,7 @@ class Topology:
         served = str(engine_model_dir(self.cfg.model, self.work_dir / "model", model_dir))
         # engine.port + i when free, else any free port (other runs on the machine may hold it).
         self.servers = [
-            VllmServer(served, _port_or_free(ecfg.port + i), ecfg, self.work_dir / f"vllm{i}", max_model_len)
+            VllmServer(served, port_or_free(ecfg.port + i), ecfg, self.work_dir / f"vllm{i}", max_model_len)
             for i in range(ecfg.num_servers)
         ]
         for s in self.servers:
@@ -221,7 +200,7 @@ class Topology:
         token_file = self.work_dir / "sandbox.token"
         token_file.write_text(token)
         token_file.chmod(0o600)
-        port = _free_port()
+        port = free_port()
         log = open(self.work_dir / "sandbox-server.log", "ab")  # noqa: SIM115 - the child owns it
         cmd = [sys.executable, "-m", "swe_megatron.cli", "sandbox-server", "--port", str(port),
                "--token-file", str(token_file), "--config", str(self.config_file)]  # fmt: skip
@@ -231,19 +210,10 @@ class Topology:
         log.close()
         self._record()
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            if self.sandbox_proc.poll() is not None:
-                tail = (self.work_dir / "sandbox-server.log").read_text(errors="replace")[-2000:]
-                raise EngineError(f"sandbox server exited ({self.sandbox_proc.returncode}):\n{tail}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2):
-                    break
-            except OSError as e:
-                if getattr(e, "code", None) in (401, 403):
-                    break  # up, only the health route wants the token
-                if time.monotonic() > deadline:
-                    raise EngineError(f"sandbox server on {url} did not come up in 120 s") from None
-                time.sleep(0.5)
+        auth = {"Authorization": f"Bearer {token}"}
+        why = wait_healthy(url, self.sandbox_proc, 120, "/v1/health", auth, interval_s=0.5)
+        if why is not None:
+            tail = (self.work_dir / "sandbox-server.log").read_text(errors="replace")[-2000:]
+            raise EngineError(f"sandbox server on {url} {why}:\n{tail}")
         self.sandboxes = SandboxPool.connect([url], token, command_timeout_s=self.cfg.sandbox.grade_timeout_s)
         return self.sandboxes

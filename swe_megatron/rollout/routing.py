@@ -33,13 +33,12 @@ import itertools
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from swe_megatron.engine.base import EngineError, Generation
 from swe_megatron.errors import UsageError
+from swe_megatron.net import http_health
 from swe_megatron.sandbox.base import ExecResult, NoFreeSlot, SandboxError, SandboxSpec, slot_reserve
 from swe_megatron.sandbox.client import SandboxClient
 
@@ -227,9 +226,7 @@ class SandboxPool:
         capacity, unreachable = [], {}
         for i, c in enumerate(clients):
             try:
-                capacity.append(
-                    int(c.request("GET", "/v1/health", timeout=probe_timeout_s)["max_concurrent"])
-                )
+                capacity.append(int(c.health(probe_timeout_s)["max_concurrent"]))
             except (SandboxError, OSError, KeyError, TypeError, ValueError) as e:
                 capacity.append(None)
                 unreachable[i] = f"not answering at start: {e}"
@@ -245,7 +242,7 @@ class SandboxPool:
 
     def _probe(self, i: int) -> str | None:
         try:
-            self.clients[i].request("GET", "/v1/health", timeout=self.probe_timeout_s)
+            self.clients[i].health(self.probe_timeout_s)
             return None
         except (SandboxError, OSError) as e:
             return str(e)
@@ -389,17 +386,6 @@ class Unplaced:
 
 
 # --- engines ---------------------------------------------------------------------------------------------
-def http_health(url: str, timeout_s: float) -> str | None:
-    """None if GET url/health answers 200, else why not."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as r:
-            return None if r.status == 200 else f"HTTP {r.status}"
-    except urllib.error.HTTPError as e:
-        return f"HTTP {e.code}"
-    except (urllib.error.URLError, OSError) as e:
-        return str(getattr(e, "reason", e))
-
-
 class RoutedEngine:
     """Many single-server engines behind one Engine: sticky sessions, dead servers dropped from routing."""
 
@@ -425,7 +411,7 @@ class RoutedEngine:
         from swe_megatron.engine.vllm import VllmEngine
 
         urls = [u.rstrip("/") for u in urls]
-        engines = [VllmEngine([u], model, sampling, stop_token_ids, timeout_s) for u in urls]
+        engines = [VllmEngine(u, model, sampling, stop_token_ids, timeout_s) for u in urls]
         return cls(engines, urls, lambda i: http_health(urls[i], probe_timeout_s))
 
     @property

@@ -139,9 +139,9 @@ class SandboxClient:
 
     # -- API -------------------------------------------------------------------------------------------------
 
-    def health(self) -> dict:
-        """The server's status: running sandboxes, capacity, backend."""
-        return self.request("GET", "/v1/health")
+    def health(self, timeout: float | None = None) -> dict:
+        """The server's status: running sandboxes, capacity, backend (timeout: seconds, default timeout_s)."""
+        return self.request("GET", "/v1/health", timeout=timeout)
 
     def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
         """A sandbox on this server (not started yet)."""

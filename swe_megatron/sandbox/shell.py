@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from swe_megatron.procfs import proc_stat
 from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
 from swe_megatron.sandbox.cgroups import SandboxCgroup, sweep_stale_groups, warn_once
 from swe_megatron.sandbox.users import SandboxUser, current_user, lease_user
@@ -78,16 +79,6 @@ def _all_pids() -> list[int]:
     return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
 
 
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, session id, start time in clock ticks since boot) of a process, or None if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[3]), int(fields[19])
-
-
 def _nspids(pid: int) -> list[int]:
     """The process's pid in each nested pid namespace, outermost first (the NSpid line)."""
     try:
@@ -112,7 +103,7 @@ def _children(pid: int) -> list[int]:
             return []
     except OSError:
         return []
-    return [p for p in _all_pids() if (_stat(p) or ("", -1))[1] == pid]
+    return [p for p in _all_pids() if (st := proc_stat(p)) is not None and st.ppid == pid]
 
 
 def _pidns(pid: int | str) -> str | None:
@@ -319,8 +310,8 @@ class PersistentShell:
         if found is None:
             raise SandboxError("the sandbox shell started but its process was not found under /proc")
         self._shell_pid = found
-        st = _stat(found)
-        self._supervisor_pid = st[1] if st else None
+        st = proc_stat(found)
+        self._supervisor_pid = st.ppid if st else None
         if first:
             ns = _pidns(found)
             self._ns = ns if ns and ns != _pidns("self") else None
@@ -331,7 +322,7 @@ class PersistentShell:
             return [p for p in _all_pids() if _pidns(p) == self._ns]
         if self._proc is None:
             return []
-        return [p for p in _all_pids() if (_stat(p) or ("", 0, 0, 0))[2] == self._proc.pid]
+        return [p for p in _all_pids() if (st := proc_stat(p)) is not None and st.session == self._proc.pid]
 
     def _kill_command(self, rounds: int = 40) -> None:
         """Kill the shell and every process the current command started, with the supervisor paused.
@@ -349,8 +340,8 @@ class PersistentShell:
                 for _ in range(rounds):
                     victims, others = [], 0
                     for pid in self._members():
-                        st = _stat(pid)
-                        if pid == self._supervisor_pid or st is None or st[0] in "ZX":
+                        st = proc_stat(pid)
+                        if pid == self._supervisor_pid or st is None or st.state in "ZX":
                             continue
                         if self._ns is not None and _nspids(pid)[-1:] == [1]:
                             continue  # the namespace's init: killing it ends the sandbox

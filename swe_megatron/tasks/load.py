@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.tasks.schema import Task
 
 HUB_PREFIX = "hf://datasets/"
@@ -113,13 +114,7 @@ def _resolve_paths(task: Task, folder: Path) -> None:
 
 def write_tasks(tasks: list[Task], path: str | os.PathLike) -> None:
     """Write tasks as JSONL (FAIL_TO_PASS/PASS_TO_PASS as lists), atomically (temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for t in tasks:
-            f.write(json.dumps(dataclasses.asdict(t), ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(dataclasses.asdict(t), ensure_ascii=False) + "\n" for t in tasks))
 
 
 # -- fields ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from swe_megatron.config.schema import ParallelConfig
+from swe_megatron.net import free_port  # ranks' rendezvous port; re-exported for callers of this module
 from swe_megatron.train import cpu_compat
 
 
@@ -74,15 +75,6 @@ def destroy() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A TCP port free on localhost right now (for single-machine rendezvous)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def data_parallel_info() -> tuple[int, int]:

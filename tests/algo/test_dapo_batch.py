@@ -1,6 +1,7 @@
 """build_dapo_batch: exclusions, R_final with the step penalty, group advantages, dynamic sampling."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from omegaconf import OmegaConf
 
 from swe_megatron.algo import DapoOptions, build_dapo_batch
 from swe_megatron.config.schema import AlgoConfig, StageConfig, StdKind
+from swe_megatron.pipeline.metrics import rollout_metrics
 from swe_megatron.trajectory import ExitReason
 
 from .conftest import build_trajectory as traj
@@ -45,10 +47,18 @@ def test_batch_by_hand():
         ds.dropped_all_equal,
         ds.dropped_zero_advantage,
     ) == (7, 1, 2, 1)
-    m = batch.metrics
-    assert m["reward/test_mean"] == pytest.approx(3 / 7)
-    assert m["reward/final_mean"] == pytest.approx((1 + 0 - 1 + 0 + 0 + 1 + 0.5) / 7)
-    assert m["episode/exit_turn_limit"] == 1.0 and m["episode/exit_sandbox_error"] == 1.0
+    m = batch.as_metrics()
+    assert m["advantage"] == pytest.approx({"mean": 0.0, "abs_mean": (2 * a + 2) / 4, "min": -a, "max": a})
+    assert m["dynamic_sampling"] == {**{k: float(v) for k, v in asdict(ds).items()}, "dropped_groups": 1.0,
+                                     "dropped_trajectories": 3.0, "excluded": 1.0}  # fmt: skip
+
+
+def test_the_rollout_metrics_hold_the_batch_rewards_once():
+    """reward/* are computed from the trajectories once (pipeline/metrics.py), R_final included."""
+    m = rollout_metrics(_iteration(), t_max=40, l_thr=10)
+    assert m["reward"]["mean"] == pytest.approx(3 / 7)
+    assert m["reward"]["final_mean"] == pytest.approx((1 + 0 - 1 + 0 + 0 + 1 + 0.5) / 7)
+    assert m["infra"]["sandbox_error"] == 1.0 and m["episode"]["turn_limit_rate"] == pytest.approx(1 / 7)
 
 
 def test_without_dynamic_sampling_everything_valid_is_kept_with_zero_advantages():

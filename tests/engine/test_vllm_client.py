@@ -96,37 +96,36 @@ class Stub:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
 
-def test_sticky_least_loaded_routing_and_reload_routes():
-    a, b = Stub(), Stub()
-    eng = VllmEngine([a.url, b.url], "policy", SamplingConfig(), [151645], timeout_s=5)
-    for _ in range(3):
-        eng.generate([1, 2], 8, session="ep1")
-    eng.generate([1], 8, session="ep2")
-    assert len(a.requests) == 3 and len(b.requests) == 1  # ep1 stays on a, ep2 goes to the idle b
-    assert a.requests[0][1] == completion_body("policy", [1, 2], 8, SamplingConfig(), [151645])
+def test_one_server_client_sends_the_exact_body_and_reload_routes():
+    """VllmEngine talks to one server; spreading sessions over many is RoutedEngine's (test_routing.py)."""
+    a = Stub()
+    eng = VllmEngine(a.url + "/", "policy", SamplingConfig(), [151645], timeout_s=5)
+    gen = eng.generate([1, 2], 8, session="ep1")
     eng.end_session("ep1")
-    eng.generate([1], 8, session="ep3")
-    assert len(a.requests) == 4
+    assert gen.token_ids == [7, 151645] and gen.finish_reason == "stop"
+    assert a.requests == [
+        ("/v1/completions", completion_body("policy", [1, 2], 8, SamplingConfig(), [151645]))
+    ]
     eng.reload_weights("/ckpt/iter1")
-    for s in (a, b):
-        assert s.requests[-2] == (
-            "/collective_rpc",
-            {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/iter1"}},
-        )
-        assert s.requests[-1][0] == "/reset_prefix_cache"
+    assert a.requests[-2] == (
+        "/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/iter1"}},
+    )
+    assert a.requests[-1][0] == "/reset_prefix_cache"
+    with pytest.raises(TypeError, match="one server URL.*RoutedEngine"):
+        VllmEngine([a.url], "policy", SamplingConfig(), [1])
     a.httpd.shutdown()
     with pytest.raises(EngineError, match="is the vLLM server running"):
-        VllmEngine([a.url], "policy", SamplingConfig(), [1], timeout_s=2).generate([1], 4)
-    b.httpd.shutdown()
+        VllmEngine(a.url, "policy", SamplingConfig(), [1], timeout_s=2).generate([1], 4)
 
 
 def test_reload_retries_a_refused_prefix_cache_reset_and_fails_clearly_when_it_stays_stale():
     # vLLM answers {"success": false} (HTTP 200) while KV blocks are held; the old weights' cache then stays.
     flaky, stale = Stub(resets=[False, False]), Stub(resets=[False] * 100)
-    VllmEngine([flaky.url], "policy", SamplingConfig(), [1], timeout_s=5).reload_weights("/ckpt/1")
+    VllmEngine(flaky.url, "policy", SamplingConfig(), [1], timeout_s=5).reload_weights("/ckpt/1")
     assert [p for p, _ in flaky.requests] == ["/collective_rpc"] + ["/reset_prefix_cache"] * 3
     with pytest.raises(EngineError, match="prefix cache.*not reset"):
-        VllmEngine([stale.url], "policy", SamplingConfig(), [1], timeout_s=5).reload_weights("/ckpt/1")
+        VllmEngine(stale.url, "policy", SamplingConfig(), [1], timeout_s=5).reload_weights("/ckpt/1")
     for s in (flaky, stale):
         s.httpd.shutdown()
 

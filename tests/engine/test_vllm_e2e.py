@@ -52,7 +52,7 @@ def teacher_forced_logprobs(model, prompt, ids):
 
 
 def test_sampled_logprobs_match_the_model_and_reload_swaps_weights(server, chat, tmp_path):
-    engine = VllmEngine([server.url], "policy", SamplingConfig(), [chat.eos_id])
+    engine = VllmEngine(server.url, "policy", SamplingConfig(), [chat.eos_id])
     prompt = chat.encode(chat.render([{"role": "user", "content": "hello"}], True))
     gen = engine.generate(prompt, 16, session="s")
     assert 1 <= len(gen.token_ids) <= 16 and len(gen.logprobs) == len(gen.token_ids)
@@ -73,7 +73,7 @@ def test_episodes_end_to_end_keep_provenance(server, chat, tmp_path):
     from tiny_repo import make_task
 
     tasks = [make_task(tmp_path, f"t{i}") for i in range(2)]
-    engine = VllmEngine([server.url, server.url], "policy", SamplingConfig(), [chat.eos_id])
+    engine = VllmEngine(server.url, "policy", SamplingConfig(), [chat.eos_id])
     limits = EpisodeLimits(
         t_max=3, context_length=4096, max_tokens_per_turn=24, command_timeout_s=10, output_cap=4000
     )

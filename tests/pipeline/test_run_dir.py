@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from swe_megatron.errors import UsageError
 from swe_megatron.pipeline.eval import eval_report, table, write_predictions
 from swe_megatron.pipeline.run_dir import RunDir, resume_conflicts
 from swe_megatron.pipeline.warm_start import shortest_unique_replace
@@ -113,18 +114,23 @@ def test_run_refuses_a_damaged_run_dir_with_one_line_writing_nothing(tmp_path, c
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
-def test_a_failed_state_write_keeps_the_committed_checkpoint(tmp_path):
+def test_a_failed_state_write_keeps_the_committed_checkpoint(tmp_path, monkeypatch):
     """The previous checkpoint is pruned only after state.json names the new one: a state write that fails
-    (here: its temp file's name is taken by a folder) leaves the committed state and its checkpoint intact."""
-    import os
+    (here: the disk refuses the rename) leaves the committed state and its checkpoint intact."""
+    from swe_megatron import atomic_write
 
     run = RunDir(tmp_path)
     run.checkpoint_dir("a").mkdir()
     run.commit("stage1:0", {"unit": "stage1:0", "path": "checkpoints/a", "stage": "stage1"})
     run.checkpoint_dir("b").mkdir()
-    (tmp_path / f".state.json.tmp.{os.getpid()}").mkdir()
+
+    def refuse(src, dst):
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(atomic_write.os, "replace", refuse)
     with pytest.raises(OSError):
         run.commit("stage1:1", {"unit": "stage1:1", "path": "checkpoints/b", "stage": "stage1"})
+    monkeypatch.undo()
     again = RunDir(tmp_path)
     assert again.checkpoint["path"] == "checkpoints/a" and again.state["done"] == ["stage1:0"]
     assert (tmp_path / "checkpoints" / "a").is_dir()
@@ -136,3 +142,43 @@ def test_a_redone_unit_starts_from_an_empty_folder(tmp_path):
     (run.unit_dir("stage1:1") / "trajectories.jsonl").write_text("stale\n")
     assert (run.unit_dir("stage1:1") / "trajectories.jsonl").exists()  # reading a unit keeps its files
     assert list(run.unit_dir("stage1:1", fresh=True).iterdir()) == []
+
+
+def test_the_live_pool_resumes_and_refuses_other_tasks_a_seed_change_or_a_damaged_file(tmp_path):
+    run = RunDir(tmp_path)
+    pool = run.open_pool(["a", "b", "c"], seed=0)
+    assert run.pool_path.exists()  # a new pool is saved at once
+    pool.start_stage("stage1")
+    tasks = pool.sample(2, 0)
+    run.save_pool(pool)
+    again = RunDir(tmp_path).open_pool(["c", "b", "a"], seed=0)  # a restart: same tasks in any order
+    assert again.to_dict() == pool.to_dict() and again.sample(2, 0) == tasks
+    assert [p.name for p in tmp_path.iterdir()] == ["pool.json"]  # no temporary file left
+    with pytest.raises(UsageError, match="seed 0 and 3 tasks, but this run has seed 1 and 3 tasks"):
+        run.open_pool(["a", "b", "c"], seed=1)
+    with pytest.raises(UsageError, match="2 tasks"):
+        run.open_pool(["a", "b"], seed=0)
+    run.pool_path.write_text("{not json")
+    with pytest.raises(UsageError, match="pool.json cannot be read .*delete it"):
+        run.open_pool(["a", "b", "c"], seed=0)
+
+
+def test_a_crash_while_saving_the_pool_leaves_the_previous_file(tmp_path, monkeypatch):
+    from swe_megatron import atomic_write
+
+    run = RunDir(tmp_path)
+    pool = run.open_pool(["a", "b", "c"], seed=0)
+    pool.start_stage("stage1")
+    run.save_pool(pool)
+    before = run.pool_path.read_text()
+    pool.sample(2, 0)
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(atomic_write.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        run.save_pool(pool)
+    monkeypatch.undo()
+    assert run.pool_path.read_text() == before
+    assert run.open_pool(["a", "b", "c"], seed=0).to_dict()["last_sample"] is None

@@ -7,9 +7,11 @@ import json
 
 import psutil
 import pytest
+from omegaconf import OmegaConf
 from sandbox_servers import SandboxServer, missing, token_file
 from vllm_stub import VllmStub
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.config.load import load_config
 from swe_megatron.launch import rendezvous
 from swe_megatron.pipeline.topology import Topology
@@ -35,7 +37,7 @@ def test_topology_with_rendezvous_starts_no_process(tmp_path):
             engines=tuple(e.url for e in engines),
             sandbox_servers=tuple(s.url for s in servers),
         )
-        rendezvous.atomic_write(job / rendezvous.MERGED, rv.to_json())
+        write_atomic(job / rendezvous.MERGED, rv.to_json(), mode=0o600)
         cfg = load_config("embedded", [f"cluster.rendezvous={job / rendezvous.MERGED}"])
         before = _children()
         with Topology(cfg, tmp_path / "topology", tmp_path / "config.yaml") as topo:
@@ -76,3 +78,14 @@ def test_unreadable_rendezvous_is_one_clear_error(tmp_path):
     cfg = load_config("embedded", [f"cluster.rendezvous={tmp_path / 'missing.json'}"])
     with pytest.raises(rendezvous.RendezvousError, match="cannot read rendezvous file .*written by"):
         Topology(cfg, tmp_path / "topology", tmp_path / "config.yaml").__enter__()
+
+
+def test_topology_without_rendezvous_starts_its_own_sandbox_server(tmp_path):
+    """The server it starts is up once its token-guarded /v1/health answers; leaving the topology stops it."""
+    cfg = load_config("embedded", [])
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    with Topology(cfg, tmp_path / "topology", tmp_path / "config.yaml") as topo:
+        pool = topo.start_sandbox_server()
+        proc = topo.sandbox_proc
+        assert proc.poll() is None and pool.rotation.live == [0]
+    assert proc.poll() is not None

@@ -189,7 +189,7 @@ def test_export_served_by_vllm_matches_trainer_and_transformers(
         rows = post_json(f"{s.url}/v1/completions", body, 120.0)["choices"][0]["prompt_logprobs"]
         engine = torch.tensor([rows[i][str(t)]["logprob"] for i, t in enumerate(tokens) if i > 0]).double()
         # and the project's sampling path: sampled ids with their logprobs
-        gen = VllmEngine([s.url], "policy", SamplingConfig(), [chat.eos_id]).generate(tokens, 24, session="s")
+        gen = VllmEngine(s.url, "policy", SamplingConfig(), [chat.eos_id]).generate(tokens, 24, session="s")
     for name, theirs in (("transformers", reference), ("trainer tp1", trainer_runs["tp1"])):
         diff = (engine - theirs).abs().max().item()
         print(

@@ -94,7 +94,7 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
         trainer.train_step(pack([sample], 4096), LossSpec("sft"))
         new = _trainer_logprobs(trainer, sample)
         moved = (new - ours).abs().max().item()
-        engine = VllmEngine([srv.url], "policy", SamplingConfig(), [151645])
+        engine = VllmEngine(srv.url, "policy", SamplingConfig(), [151645])
         report = sync_through_files(trainer, str(tmp_path / "sync"), engine)
         after = (new - _server_logprobs(srv.url, ids.tolist())).abs().max().item()
 

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.sandbox.bwrap import system_copies
 from swe_megatron.tasks.factory.env import SYSTEM_PYTHON, build_env, library_requirements
 from swe_megatron.tasks.factory.errors import LibraryUnusable
@@ -574,7 +575,7 @@ def _write_output(
             *[f"repos/{t.instance_id}" for tasks in splits.values() for t in tasks],
         ],
     }
-    _write_json(out / "report.json", report)
+    write_atomic(out / "report.json", json.dumps(report, indent=2) + "\n")
     log(
         f"make-tasks: wrote {report['tasks']['train']} train + {report['tasks']['test']} test tasks to {out} "
         f"in {report['seconds']:.0f}s"
@@ -755,9 +756,3 @@ def _cached_report(out: Path, key: str) -> dict | None:
     if not all((out / f).exists() for f in report.get("files", [])):
         return None
     return report
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)

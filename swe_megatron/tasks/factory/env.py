@@ -19,6 +19,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.tasks.factory.errors import LibraryUnusable
 from swe_megatron.tasks.factory.pypi import PYTEST_REQUIREMENT, normalize
 
@@ -121,7 +122,7 @@ def build_env(
         except LibraryUnusable:
             shutil.rmtree(env_dir, ignore_errors=True)
             raise
-    _write_marker(env_dir, wanted)
+    write_atomic(env_dir / MARKER, json.dumps(wanted))
 
 
 _base_lock = threading.Lock()
@@ -139,7 +140,7 @@ def _base_env(envs: Path, python: str, timeout_s: float) -> Path:
         envs.mkdir(parents=True, exist_ok=True)
         _run([python, "-m", "venv", "--without-pip", str(base)], timeout_s, base, "create a venv")
         _pip_install(base, [PYTEST_REQUIREMENT], timeout_s)
-        _write_marker(base, wanted)
+        write_atomic(base / MARKER, json.dumps(wanted))
     return base
 
 
@@ -168,12 +169,6 @@ def _marker_matches(env_dir: Path, wanted: dict) -> bool:
         return json.loads((env_dir / MARKER).read_text()) == wanted
     except (OSError, ValueError):
         return False
-
-
-def _write_marker(env_dir: Path, wanted: dict) -> None:
-    tmp = env_dir / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(wanted))
-    tmp.replace(env_dir / MARKER)
 
 
 def env_python(env_dir: Path) -> str:
