@@ -113,9 +113,9 @@ def vllm_tokens_per_s(requests: int, max_tokens: int, levels: list[int]) -> list
 
     from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.config.schema import EngineConfig, ModelConfig, SamplingConfig
-    from swe_megatron.engine.hf import save_tiny_checkpoint
     from swe_megatron.engine.vllm import VllmEngine
     from swe_megatron.engine.vllm_server import VllmServer
+    from swe_megatron.model.tiny import save_tiny_checkpoint
     from swe_megatron.model.tokenizer import load_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
 
     from swe_megatron.config.schema import OptimConfig, ParallelConfig
-    from swe_megatron.engine.hf import tiny_qwen2
+    from swe_megatron.model.tiny import tiny_qwen2
     from swe_megatron.train import parallel
     from swe_megatron.train.command import load_model_preset
     from swe_megatron.train.packing import pack

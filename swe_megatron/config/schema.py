@@ -167,7 +167,7 @@ class OptimConfig:
 
 @dataclass
 class SamplingConfig:
-    """Decoding for rollouts. RL needs untruncated sampling at temperature 1 (paper-spec.md)."""
+    """Decoding for rollouts. RL needs untruncated sampling at temperature 1 (unbiased importance ratios)."""
 
     temperature: float = 1.0
     """Sampling temperature."""
@@ -278,7 +278,7 @@ class EvalConfig:
 
 @dataclass
 class TasksConfig:
-    """Where tasks come from and how the training pool is filtered (paper-spec.md "Task data")."""
+    """Where tasks come from and how the training pool is filtered (the paper's filters)."""
 
     train_file: str = "data/tasks/train.jsonl"
     """Training tasks (SWE-bench JSONL or parquet)."""
@@ -432,7 +432,7 @@ class MonitorConfig:
 
 @dataclass
 class AgentConfig:
-    """The agent scaffold (paper-spec.md "Agent scaffold") and how the rollout manager runs episodes.
+    """The agent scaffold (SWE-agent style ReAct, as in the paper) and how the rollout manager runs episodes.
 
     Turn and context limits live per stage (StageConfig.t_max, context_length); command timeout and output
     cap live in SandboxConfig.

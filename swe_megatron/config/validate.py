@@ -17,7 +17,7 @@ from swe_megatron.config.schema import (
 )
 
 # Sampling settings that must be "off" in RL: any truncation biases the importance ratio
-# (paper-spec.md: a silent top-k/min-p change degraded training after 5-10 iterations).
+# (the paper: top-k/min-p silently enabled by an engine upgrade degraded training after 5-10 iterations).
 UNTRUNCATED = {
     "temperature": 1.0,
     "top_p": 1.0,

@@ -1,4 +1,4 @@
-"""In-process transformers engine, only for fast unit tests; and tiny random Qwen2 checkpoints for tests.
+"""In-process transformers engine, only for fast unit tests (tiny checkpoints: model/tiny.py).
 
 Sampling is done here (not with `model.generate`, whose defaults include top-k 50): plain multinomial
 sampling from the temperature-1 softmax, with the KV cache, returning each sampled id's logprob.
@@ -6,11 +6,8 @@ sampling from the temperature-1 softmax, with the KV cache, returning each sampl
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from swe_megatron.config.schema import ModelConfig
 from swe_megatron.engine.base import Generation
 
 
@@ -56,25 +53,3 @@ class TransformersEngine:
 
         new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self.model.load_state_dict(new.state_dict())
-
-
-def tiny_qwen2(cfg: ModelConfig, seed: int = 0):
-    """A randomly initialised Qwen2ForCausalLM of cfg's shape (real vocabulary size)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    from swe_megatron.train.export import hf_config_dict  # one ModelConfig -> HF config mapping
-
-    fields = {k: v for k, v in hf_config_dict(cfg).items() if k != "model_type"}
-    hf_cfg = Qwen2Config(**fields, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
-    return Qwen2ForCausalLM(hf_cfg).float().eval()
-
-
-def save_tiny_checkpoint(cfg: ModelConfig, out_dir: str | Path, seed: int = 0) -> Path:
-    """A tiny random checkpoint folder vLLM can serve: weights (safetensors), config and tokenizer."""
-    from swe_megatron.model.tokenizer import save_tokenizer
-
-    out = Path(out_dir)
-    tiny_qwen2(cfg, seed).save_pretrained(str(out))
-    save_tokenizer(cfg.tokenizer, out)
-    return out

@@ -20,6 +20,10 @@ from pathlib import Path
 
 from swe_megatron.config.schema import EngineConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
+from swe_megatron.engine.weight_receiver import WORKER_EXTENSION
+from swe_megatron.model.hf_config import hf_config_dict
+from swe_megatron.model.hub import resolve_model_path
+from swe_megatron.model.tiny import save_tiny_checkpoint
 from swe_megatron.net import wait_healthy
 
 
@@ -46,8 +50,6 @@ def server_command(
     if _has_gpu():
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     if cfg.weight_sync == "nccl":
-        from swe_megatron.train.weight_sync import WORKER_EXTENSION
-
         cmd += ["--worker-extension-cls", WORKER_EXTENSION]
     return cmd
 
@@ -56,18 +58,13 @@ def engine_model_dir(model: ModelConfig, out: Path, src: str | Path | None = Non
     """The folder a server starts from: `src`'s files (default model.hf_path, a folder or a cached hub id;
     a tiny random checkpoint when null) linked into `out`, with the trainer's config.json.
 
-    The server's rope scaling and max_position_embeddings then are the trainer's (train/export.py), never a
+    The server's rope scaling and max_position_embeddings then are the trainer's (model/hf_config.py), never a
     base model's config.json: Qwen2.5 ships without YaRN, and vLLM refuses a --max-model-len beyond it.
     Weight reloads keep this config; only weights change.
     """
-    from swe_megatron.model.hub import resolve_model_path
-    from swe_megatron.train.export import hf_config_dict
-
     out = Path(out)
     src = src if src is not None else model.hf_path
     if src is None:
-        from swe_megatron.engine.hf import save_tiny_checkpoint
-
         src = save_tiny_checkpoint(model, out.with_name(out.name + ".weights"), seed)
     src = resolve_model_path(src)
     tmp = out.with_name(out.name + ".tmp")

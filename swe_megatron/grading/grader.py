@@ -14,12 +14,12 @@ run unresolved; when the run otherwise claimed success, or the must-fail canary 
 result is flagged `tampered` (a blanket rewrite of outcomes turns the failing canary into a pass; a
 forged record or log lacks the canaries or gets them wrong).
 
-What counts as what (design.md invariant 4; the excluded kinds are the Excluded enum):
+What counts as what (the excluded kinds are the Excluded enum; no patch may turn its failure into an exclusion):
 - error (excluded, never a 0): the sandbox failed (SandboxError), a harness step timed out, the task
   cannot be graded (no test command, the test patch does not apply), or a bug in the harness. The
   sanitiser keeps the patch away from everything the harness steps before the tests depend on (test
   files and their folders, .git), so a patch cannot steer grading into this bucket; during the tests
-  the sandbox's limits end runaway code with an ordinary exit, not a SandboxError (invariant 7).
+  the sandbox's limits end runaway code with an ordinary exit, not a SandboxError.
 - unresolved (reward 0): the patch did not apply; the tests failed; the test process was killed or
   ended before pytest finished; the printed results disagree with the harness record; a canary came out
   wrong; the tests ran past the test timeout, or the eval script was held past it (its `timeout` or shell
@@ -135,7 +135,7 @@ class GradeResult:
 
     @property
     def reward(self) -> float | None:
-        """1.0 resolved, 0.0 unresolved or empty; None for errors (exclude the trajectory, invariant 4)."""
+        """1.0 resolved, 0.0 unresolved or empty; None for errors (exclude the trajectory: not the model's failure)."""
         return None if self.status == ERROR else float(self.status == RESOLVED)
 
     def to_dict(self) -> dict[str, Any]:

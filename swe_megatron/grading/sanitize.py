@@ -1,4 +1,4 @@
-"""Strip the parts of a model patch that could change how it is graded (design.md invariant 6).
+"""Strip the parts of a model patch that could change how it is graded (grading cannot be gamed from the patch).
 
 The patch is parsed with unidiff and rebuilt from what was parsed, file by file, keeping only edits to
 ordinary source files. Dropped, whatever the hunk says (the rule is by path, so deleting or renaming

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from swe_megatron.model.hf_config import check_matches_hf
 from swe_megatron.monitor import NullMonitor
 from swe_megatron.pipeline import spmd
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
@@ -29,7 +30,7 @@ from swe_megatron.pipeline.tasks import ensure_tasks, log_task_filter
 from swe_megatron.pipeline.topology import NullTopology, Topology
 from swe_megatron.rollout.setup import Rollouts
 from swe_megatron.tasks.filters import FilterReport
-from swe_megatron.train.model import check_matches_hf
+from swe_megatron.train.weight_sync import pipeline_method
 
 EXIT_RESUMABLE = 75
 """Exit status of a run stopped on request (RUN_DIR/STOP) before the end of its schedule."""
@@ -99,6 +100,7 @@ def _start_servers(cfg, topo: Topology, model_dir: str) -> None:
 
 
 def _run(cfg, world: spmd.World) -> int:
+    weight_sync = pipeline_method(cfg.engine.weight_sync)  # every rank refuses an unsupported method alike
     run_dir = RunDir(cfg.run_dir)
     train, test, task_filter, run_dir.state = world.lead(
         _open, cfg, run_dir, share=lambda r: ({}, [], None, r[3])
@@ -112,7 +114,9 @@ def _run(cfg, world: spmd.World) -> int:
         Topology, cfg, run_dir.root / "topology", run_dir.config_path, default=NullTopology()
     )
     with topology as topo:
-        ctx = Context(cfg, run_dir, topo, monitor, train, tokenizer_files, world=world)
+        ctx = Context(
+            cfg, run_dir, topo, monitor, train, tokenizer_files, world=world, weight_sync=weight_sync
+        )
         try:
             initial_policy(ctx)
             _check_stop(ctx)

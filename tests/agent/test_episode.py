@@ -146,7 +146,8 @@ def test_engine_and_sandbox_failures_are_infrastructure(task, chat):
 
 
 def test_tiny_random_model_episode_keeps_provenance(task, chat):
-    from swe_megatron.engine.hf import TransformersEngine, tiny_qwen2
+    from swe_megatron.engine.hf import TransformersEngine
+    from swe_megatron.model.tiny import tiny_qwen2
 
     model = tiny_qwen2(ModelConfig(tie_word_embeddings=True, num_layers=1), seed=0)
     engine = TransformersEngine(model, chat.eos_id, seed=1)

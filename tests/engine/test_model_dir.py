@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from swe_megatron.config.schema import ModelConfig, RopeScalingConfig
-from swe_megatron.engine.hf import save_tiny_checkpoint
 from swe_megatron.engine.vllm_server import engine_model_dir
 from swe_megatron.errors import UsageError
-from swe_megatron.train.export import hf_config_dict
+from swe_megatron.model.hf_config import hf_config_dict
+from swe_megatron.model.tiny import save_tiny_checkpoint
 
 TINY = ModelConfig(num_layers=1, num_attention_heads=2, num_key_value_heads=1)
 YARN = ModelConfig(

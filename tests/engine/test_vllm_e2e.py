@@ -9,9 +9,9 @@ from swe_megatron.agent.episode import EpisodeLimits
 from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.agent.tokens import ChatFormat, check_provenance
 from swe_megatron.config.schema import AgentConfig, EngineConfig, ModelConfig, SamplingConfig
-from swe_megatron.engine.hf import save_tiny_checkpoint, tiny_qwen2
 from swe_megatron.engine.vllm import VllmEngine, post_json
 from swe_megatron.engine.vllm_server import VllmServer
+from swe_megatron.model.tiny import save_tiny_checkpoint, tiny_qwen2
 from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.rollout.rollouts import GradeOutcome, RolloutSetup, run_rollouts
 from swe_megatron.trajectory import ExitReason

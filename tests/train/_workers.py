@@ -251,7 +251,7 @@ def sync_with_slow_reload(rank, model_cfg, out: str, port: int, collective_timeo
     import torch.distributed as dist
 
     from swe_megatron.train.step import Trainer
-    from swe_megatron.train.weight_sync import sync_through_files
+    from swe_megatron.train.weight_sync import FileWeightSync
 
     dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -261,6 +261,6 @@ def sync_with_slow_reload(rank, model_cfg, out: str, port: int, collective_timeo
     driver_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=10 * reload_s))
     trainer = Trainer(model_cfg, par, OPTIM, total_steps=1, wait_group=driver_group)
     engine = SlowEngine(reload_s) if rank == 0 else None
-    report = sync_through_files(trainer, out, engine)
+    report = FileWeightSync(trainer, engine).sync(out)
     trainer.save(f"{out}-dist")
     return {"reloaded": engine.reloaded if engine else None, "reload_s": report.reload_s}

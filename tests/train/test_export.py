@@ -18,8 +18,8 @@ from ._workers import OPTIM, VOCAB, batch, tiny_hf
 def test_export_loads_in_transformers_with_equal_logits(megatron_world, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from swe_megatron.model.hf_config import model_config_from_hf
     from swe_megatron.train import parallel
-    from swe_megatron.train.model import model_config_from_hf
 
     hf = tiny_hf(tie=True)
     cfg = model_config_from_hf(hf.config)
@@ -47,10 +47,11 @@ def test_export_loads_in_transformers_with_equal_logits(megatron_world, tmp_path
 def test_export_shards_by_size(megatron_world, tmp_path):
     from safetensors.torch import load_file
 
+    from swe_megatron.model.hf_config import model_config_from_hf
     from swe_megatron.train import parallel
     from swe_megatron.train.export import export_hf
     from swe_megatron.train.hf_convert import load_hf_state
-    from swe_megatron.train.model import build_model, model_config_from_hf
+    from swe_megatron.train.model import build_model
 
     hf = tiny_hf()
     cfg = model_config_from_hf(hf.config)
@@ -70,22 +71,10 @@ def test_export_shards_by_size(megatron_world, tmp_path):
     assert set(lazy) == exported.keys() and all(torch.equal(lazy[k], exported[k]) for k in exported)
 
 
-def test_lr_schedule_warmup_then_constant_or_cosine():
-    from swe_megatron.config.schema import LrSchedule, OptimConfig
-    from swe_megatron.train.step import lr_at
-
-    const = OptimConfig(lr=1e-6, warmup_steps=2)
-    assert [lr_at(k, const, 10) for k in range(4)] == pytest.approx([5e-7, 1e-6, 1e-6, 1e-6])
-    cos = OptimConfig(lr=5e-6, min_lr=0.0, warmup_steps=10, schedule=LrSchedule.cosine)
-    lrs = [lr_at(k, cos, 110) for k in range(110)]
-    assert lrs[0] == pytest.approx(5e-7) and lrs[9] == 5e-6 and lrs[10] == 5e-6
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == 0.0
-
-
 def test_checkpoint_before_the_first_step_resumes_like_a_fresh_trainer(megatron_world, tmp_path):
     """Adam has no state before its first step: such a checkpoint holds the model only and still loads."""
+    from swe_megatron.model.hf_config import model_config_from_hf
     from swe_megatron.train import parallel
-    from swe_megatron.train.model import model_config_from_hf
 
     hf = tiny_hf(seed=3)
     cfg = model_config_from_hf(hf.config)
@@ -125,10 +114,10 @@ def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_l
 
     from swe_megatron.config.load import load_config
     from swe_megatron.config.schema import EngineConfig
+    from swe_megatron.model.hf_config import hf_config_dict
     from swe_megatron.model.tokenizer import save_tokenizer
     from swe_megatron.pipeline.topology import Topology
     from swe_megatron.train import parallel
-    from swe_megatron.train.export import hf_config_dict
     from swe_megatron.train.packing import TrainSample
 
     from .test_weight_sync_e2e import _server_logprobs, _trainer_logprobs

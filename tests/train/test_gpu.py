@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from swe_megatron.config.schema import ParallelConfig, Recompute, TransformerImpl
-from swe_megatron.train.model import model_config_from_hf
+from swe_megatron.model.hf_config import model_config_from_hf
 
 from ._workers import OPTIM, batch, run_ranks, tiny_hf, train_and_capture
 

@@ -76,8 +76,8 @@ def test_a_model_whose_weights_will_be_loaded_builds_no_full_master_weights(tmp_
 
 @pytest.mark.dist
 def test_trainer_skips_the_random_init_when_weights_are_loaded(megatron_world):
+    from swe_megatron.model.hf_config import model_config_from_hf
     from swe_megatron.train import parallel
-    from swe_megatron.train.model import model_config_from_hf
     from swe_megatron.train.step import Trainer
 
     from ._workers import OPTIM, tiny_hf
@@ -98,8 +98,8 @@ def test_a_bf16_trainer_resumed_from_a_weights_only_checkpoint_trains_from_those
     first step writes the uninitialised memory back into the model."""
     import dataclasses
 
+    from swe_megatron.model.hf_config import model_config_from_hf
     from swe_megatron.train import parallel
-    from swe_megatron.train.model import model_config_from_hf
     from swe_megatron.train.step import LossSpec, Trainer
 
     from ._workers import OPTIM, batch, tiny_hf

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from swe_megatron.config.schema import ParallelConfig
+from swe_megatron.model.hf_config import model_config_from_hf
 from swe_megatron.train import hf_convert, parallel
 from swe_megatron.train.logprobs import action_logprobs, full_logprobs_reference
-from swe_megatron.train.model import build_model, model_config_from_hf
+from swe_megatron.train.model import build_model
 
 from ._workers import VOCAB, tiny_hf
 
@@ -110,9 +111,9 @@ def test_a_preset_that_disagrees_with_its_checkpoint_is_refused(tmp_path):
     import dataclasses
 
     from swe_megatron.config.schema import ModelConfig
-    from swe_megatron.engine.hf import tiny_qwen2
     from swe_megatron.errors import UsageError
-    from swe_megatron.train.model import check_matches_hf
+    from swe_megatron.model.hf_config import check_matches_hf
+    from swe_megatron.model.tiny import tiny_qwen2
 
     cfg = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=1,  # real vocabulary: tiny_qwen2 pads
                       num_attention_heads=4, num_key_value_heads=2)  # fmt: skip

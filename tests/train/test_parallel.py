@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from swe_megatron.config.schema import ParallelConfig
-from swe_megatron.train.model import model_config_from_hf
+from swe_megatron.model.hf_config import model_config_from_hf
 from swe_megatron.train.step import LossSpec, Trainer
 
 from ._workers import OPTIM, batch, capture, layouts, run_ranks, tiny_hf, train_and_capture

@@ -75,10 +75,10 @@ def trainer_logprobs(rank: int, folder: str, tp: int, ids: list[int], export: st
     """Worker: load `folder` into a Trainer at TP=tp, score every token after the first, optionally export."""
     from transformers import AutoConfig
 
+    from swe_megatron.model.hf_config import model_config_from_hf
     from swe_megatron.model.tokenizer import save_tokenizer
     from swe_megatron.train import parallel
     from swe_megatron.train.hf_convert import HFCheckpoint
-    from swe_megatron.train.model import model_config_from_hf
     from swe_megatron.train.packing import TrainSample, pack
     from swe_megatron.train.step import Trainer
 
@@ -111,7 +111,7 @@ def test_convert_gives_llama_folder_with_chat_template(smollm2, chat, tmp_path):
     from transformers import AutoConfig
 
     from swe_megatron.config.load import load_config
-    from swe_megatron.train.model import model_config_from_hf
+    from swe_megatron.model.hf_config import model_config_from_hf
 
     cfg = json.loads((smollm2 / "config.json").read_text())
     assert "quantization_config" not in cfg  # plain fp32 weights: vLLM must not look for a GGUF file
@@ -212,7 +212,7 @@ def test_llama_features_the_trainer_cannot_represent_are_refused(kw, what):
     """A Llama with o_proj/MLP biases or a head_dim other than hidden/heads would load with weights dropped."""
     from transformers import LlamaConfig
 
-    from swe_megatron.train.model import model_config_from_hf
+    from swe_megatron.model.hf_config import model_config_from_hf
 
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=2)  # fmt: skip

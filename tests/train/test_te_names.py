@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from swe_megatron.model.hf_config import model_config_from_hf
 from swe_megatron.train import hf_convert
-from swe_megatron.train.model import model_config_from_hf
 
 from ._workers import tiny_hf
 

@@ -8,8 +8,8 @@ local count (not from the reduction) shows in the fast suite.
 from __future__ import annotations
 
 from swe_megatron.config.schema import ParallelConfig
+from swe_megatron.model.hf_config import model_config_from_hf
 from swe_megatron.train import parallel
-from swe_megatron.train.model import model_config_from_hf
 from swe_megatron.train.step import LossSpec, Trainer
 
 from ._workers import OPTIM, batch, tiny_hf

