@@ -326,7 +326,7 @@ class EngineConfig:
     weight_sync: str = "file"
     """How trainer weights reach the servers each iteration: "file" (sharded HF safetensors export that the
     servers reload; CPU and GPU) or "nccl" (GPU: trainer rank 0 broadcasts the tensors straight into the
-    servers' workers, which need `--worker-extension-cls swe_megatron.train.weight_sync.WeightReceiver`)."""
+    servers' workers, which need `--worker-extension-cls swe_megatron.engine.weight_receiver.WeightReceiver`)."""
 
 
 @dataclass
