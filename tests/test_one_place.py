@@ -1,7 +1,7 @@
 """One piece of code per idea: each low-level idea below is written in one module and used from there.
 
 Scans the package's source as text (cheap, no imports): a second copy of an atomic write, a free-port pick,
-an HTTP health probe or a /proc stat parser fails here with the file that holds it, as does algorithm code
+an HTTP health probe, a /proc stat parser or a command's reading of its task file fails here with the file that holds it, as does algorithm code
 that touches files or a command that takes UsageError from the CLI module.
 """
 
@@ -35,6 +35,11 @@ def _holders(pattern: str) -> list[str]:
         ("free-port pick", r"\.bind\(\(", ["net.py"]),
         ("HTTP health probe", r"urlopen\(.*health|\"/health\"", ["net.py"]),
         ("/proc/PID/stat parse", r"/proc/\{[^}]*\}/stat\b", ["procfs.py"]),
+        (
+            "a command's task file read, refused as one UsageError",
+            r"try:\n\s+(tasks = |return )load_tasks\(",
+            ["tasks/load.py"],
+        ),  # fmt: skip
     ],
 )
 def test_an_idea_has_one_home(idea, pattern, home):

@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from swe_megatron.config.schema import SandboxConfig  # noqa: E402
-from swe_megatron.grading.command import load_tasks_for_grading  # noqa: E402
 from swe_megatron.grading.grader import grade_many  # noqa: E402
 from swe_megatron.sandbox import make_sandbox  # noqa: E402
+from swe_megatron.tasks.load import load_tasks_for_command  # noqa: E402
 
 PHASES = ("start", "apply", "tests", "stop")
 
@@ -53,7 +53,7 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.tasks:
-        tasks, base = load_tasks_for_grading(args.tasks)[: args.limit], Path(args.tasks).resolve().parent
+        tasks, base = load_tasks_for_command(args.tasks)[: args.limit], Path(args.tasks).resolve().parent
         source = args.tasks
     else:
         tasks, base = tiny_tasks(args.limit)

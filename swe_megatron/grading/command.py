@@ -16,7 +16,7 @@ from swe_megatron.errors import UsageError
 from swe_megatron.grading.grader import TaskGradingError, grade_many, task_grading
 from swe_megatron.grading.report import PredictionsError, build_report, load_predictions, write_report
 from swe_megatron.sandbox import make_sandbox
-from swe_megatron.tasks.load import load_tasks
+from swe_megatron.tasks.load import load_tasks_for_command
 
 
 def _grade(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def _grade(args: argparse.Namespace) -> int:
         predictions = load_predictions(args.predictions)
     except PredictionsError as e:
         raise UsageError(str(e)) from None
-    tasks = load_tasks_for_grading(args.tasks)
+    tasks = load_tasks_for_command(args.tasks)
     by_id = {t.instance_id: t for t in tasks}
     unknown = [iid for iid in predictions if iid not in by_id]
     if unknown:
@@ -75,15 +75,6 @@ def _grade(args: argparse.Namespace) -> int:
         f"errors {report['error_instances']}; report: {out}"
     )
     return 0
-
-
-def load_tasks_for_grading(path: str):
-    """Tasks of a tasks file through the task loader (swe_megatron/tasks/load.py); a file that cannot be
-    read or a malformed row ends in one clear error (UsageError) naming the file, line and field."""
-    try:
-        return load_tasks(path)
-    except (OSError, ValueError) as e:
-        raise UsageError(str(e)) from None
 
 
 def _safe(instance_id: str) -> str:

@@ -29,7 +29,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _build_sifs(args: argparse.Namespace) -> int:
     from swe_megatron.launch.sifs import SifBuilder, task_image
-    from swe_megatron.tasks.load import load_tasks
+    from swe_megatron.tasks.load import load_tasks_for_command
 
     sif_dir = args.sif_dir
     if not sif_dir and args.config:
@@ -38,10 +38,7 @@ def _build_sifs(args: argparse.Namespace) -> int:
         sif_dir = load_config(args.config, args.overrides).sandbox.sif_dir
     if not sif_dir:
         raise UsageError("no SIF folder: give --sif-dir DIR or --config CONFIG with sandbox.sif_dir set")
-    try:
-        tasks = load_tasks(args.tasks)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read tasks from {args.tasks}: {e}") from None
+    tasks = load_tasks_for_command(args.tasks)
     builder = SifBuilder(sif_dir, jobs=args.jobs, tmp_dir=args.tmp_dir, force=args.force)
     records = builder.build_all([task_image(t) for t in tasks])
     failed = [r for r in records if r.status == "failed"]

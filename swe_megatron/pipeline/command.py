@@ -28,19 +28,14 @@ def _eval(args: argparse.Namespace) -> int:
     from swe_megatron.pipeline.eval import evaluate
     from swe_megatron.pipeline.topology import Topology
     from swe_megatron.rollout.setup import Rollouts
-    from swe_megatron.tasks.load import load_tasks
+    from swe_megatron.tasks.load import load_tasks_for_command
 
     cfg = load_config(args.config, args.overrides)
     ckpt = Path(args.checkpoint)
     model_dir = ckpt / "hf" if (ckpt / "hf" / "config.json").exists() else ckpt
     if not (model_dir / "config.json").exists():
         raise UsageError(f"--checkpoint {ckpt}: no HF checkpoint (config.json) there or in {ckpt}/hf")
-    try:
-        tasks = load_tasks(args.tasks)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read tasks from {args.tasks}: {e}") from None
-    if args.max_tasks:
-        tasks = tasks[: args.max_tasks]
+    tasks = load_tasks_for_command(args.tasks, args.max_tasks)
     if args.runs < 1:
         raise UsageError("--runs must be >= 1")
     out = Path(args.out) if args.out else ckpt / "eval"

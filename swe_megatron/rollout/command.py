@@ -29,18 +29,13 @@ def _rollout(args: argparse.Namespace) -> int:
     from swe_megatron.model.tokenizer import load_tokenizer
     from swe_megatron.rollout.routing import SandboxPool
     from swe_megatron.rollout.setup import Rollouts
-    from swe_megatron.tasks.load import load_tasks
+    from swe_megatron.tasks.load import load_tasks_for_command
 
     cfg = load_config(args.config, args.overrides)
     rv_file = args.rendezvous or cfg.cluster.rendezvous
     rv = rendezvous.load(rv_file) if rv_file else None
     stage = getattr(cfg, args.stage)
-    try:
-        tasks = load_tasks(args.tasks)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read tasks from {args.tasks}: {e}") from e
-    if args.max_tasks:
-        tasks = tasks[: args.max_tasks]
+    tasks = load_tasks_for_command(args.tasks, args.max_tasks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:

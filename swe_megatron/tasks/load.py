@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from swe_megatron.atomic_write import write_atomic
+from swe_megatron.errors import UsageError
 from swe_megatron.tasks.schema import Task
 
 HUB_PREFIX = "hf://datasets/"
@@ -110,6 +111,16 @@ def _resolve_paths(task: Task, folder: Path) -> None:
         value = task.extra.get(key)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             task.extra[key] = str((folder / value).resolve())
+
+
+def load_tasks_for_command(source: str | os.PathLike, max_tasks: int = 0) -> list[Task]:
+    """load_tasks for a command's task-file argument, the first max_tasks (0: all); a source that cannot be read
+    or holds a malformed row is one UsageError naming it (the file, line and field)."""
+    try:
+        tasks = load_tasks(source)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read tasks from {source}: {e}") from None
+    return tasks[:max_tasks] if max_tasks else tasks
 
 
 def write_tasks(tasks: list[Task], path: str | os.PathLike) -> None:

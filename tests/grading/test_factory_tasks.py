@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from swe_megatron.grading.command import load_tasks_for_grading
 from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_many
+from swe_megatron.tasks.load import load_tasks_for_command
 
 pytestmark = pytest.mark.sandbox
 
@@ -19,7 +19,7 @@ def test_factory_tasks_gold_resolves_and_empty_does_not(sandbox_factory, factory
     assert factory_task_files, "make-tasks wrote no non-empty tasks file"
     failures = []
     for path, limit in factory_task_files:
-        tasks = load_tasks_for_grading(str(path))[:limit]
+        tasks = load_tasks_for_command(str(path))[:limit]
         base = path.resolve().parent
         jobs = [(t, t.patch, tmp_path / path.stem / t.instance_id / "gold") for t in tasks]
         for task, result in zip(tasks, grade_many(jobs, sandbox_factory, workers=2, base_dir=base)):

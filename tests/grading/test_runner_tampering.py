@@ -17,8 +17,8 @@ from tiny_task import diff
 from unidiff import PatchSet
 
 from swe_megatron.grading import grader
-from swe_megatron.grading.command import load_tasks_for_grading
 from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_one, task_grading
+from swe_megatron.tasks.load import load_tasks_for_command
 
 pytestmark = pytest.mark.sandbox
 BLANKET = [n for n in RUNNER_ATTACKS if n != "ptrace_attaches_to_siblings"]
@@ -29,7 +29,7 @@ def attack_targets(factory_task_files, tmp_path_factory):
     """Per task (first of each tasks file): (task, base_dir, module path, its text at base, with gold)."""
     out = []
     for path, _ in factory_task_files:
-        task = load_tasks_for_grading(str(path))[0]
+        task = load_tasks_for_command(str(path))[0]
         base = path.resolve().parent
         repo = task_grading(task, base).spec.repo_dir
         module = next(
