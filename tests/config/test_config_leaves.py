@@ -5,8 +5,10 @@ The check is static. Loading and validating a key is not reading it, so `config/
 an attribute load (not on `self`/`cls`), a string subscript or a `getattr` with a string. A field name that no
 other class of the package uses counts as read wherever it is read. A name that is ambiguous (a field of two
 config sections, or an attribute of a non-config class: `kind`, `backend`, `name`) counts only when read from
-a receiver known to hold that section: the section's own name (`cfg.cluster.backend`) or a variable that reads
-an unambiguous field of the same section somewhere (`stage.kind` where `stage.tasks_per_iteration` is read).
+a receiver known to hold that section: the section's own name (`cfg.cluster.backend`), a parameter annotated
+with its class, or a variable that reads an unambiguous field of the same section somewhere (`stage.kind` where
+`stage.tasks_per_iteration` is read). A stage field that only one kind of stage reads is refused on the other
+kind by config/validate.py (RFT_ONLY, DAPO_ONLY), which a scan by name cannot tell apart.
 """
 
 from __future__ import annotations
