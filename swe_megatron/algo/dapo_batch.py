@@ -76,7 +76,7 @@ class DapoBatch:
         totals = {"dropped_groups": float(dropped_groups), "dropped_trajectories": float(dropped)}
         return {
             "advantage": advantage,
-            "dynamic_sampling": ds.as_metrics("") | totals | {"excluded": float(self.excluded)},
+            "dynamic_sampling": ds.as_metrics() | totals | {"excluded": float(self.excluded)},
         }
 
 

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+
+from swe_megatron.algo.metrics import Counts
 
 T = TypeVar("T")
 
 
 @dataclass
-class DynamicSamplingReport:
+class DynamicSamplingReport(Counts):
     """What dynamic sampling kept and dropped, and why."""
 
     trajectories_in: int = 0
@@ -40,10 +42,6 @@ class DynamicSamplingReport:
     """Trajectories kept."""
     groups_kept: int = 0
     """Groups with at least one kept trajectory."""
-
-    def as_metrics(self, prefix: str = "dynamic_sampling/") -> dict[str, float]:
-        """The counts as a flat dict of floats for the monitor."""
-        return {prefix + k: float(v) for k, v in asdict(self).items()}
 
 
 def dynamic_sampling(

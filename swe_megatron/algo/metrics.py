@@ -1,9 +1,19 @@
-"""Evaluation statistics: the unbiased pass@k estimator and mean +- standard error over runs."""
+"""Statistics: the unbiased pass@k estimator, mean +- standard error over runs, and the counters of reports."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Counts:
+    """Base of a report made of integer counters (dynamic sampling, RFT selection)."""
+
+    def as_metrics(self, prefix: str = "") -> dict[str, float]:
+        """The counters as a flat dict of floats for the monitor, each name after prefix."""
+        return {prefix + k: float(v) for k, v in asdict(self).items()}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

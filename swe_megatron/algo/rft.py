@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+from swe_megatron.algo.metrics import Counts
 from swe_megatron.trajectory import Trajectory
 
 
 @dataclass
-class RftReport:
+class RftReport(Counts):
     """What rft_select kept and why it dropped the rest."""
 
     trajectories_in: int = 0
@@ -32,10 +33,6 @@ class RftReport:
     """Malformed assistant turns masked in the kept trajectories."""
     loss_tokens: int = 0
     """Tokens trained on in the kept trajectories."""
-
-    def as_metrics(self, prefix: str = "rft/") -> dict[str, float]:
-        """The counts as a flat dict of floats for the monitor."""
-        return {prefix + k: float(v) for k, v in asdict(self).items()}
 
 
 def rft_select(

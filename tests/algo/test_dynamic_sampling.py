@@ -16,7 +16,7 @@ def test_drops_all_equal_groups_and_zero_advantage_samples():
     assert (rep.trajectories_in, rep.groups_in, rep.kept, rep.groups_kept) == (7, 3, 4, 2)
     assert (rep.dropped_all_equal_groups, rep.dropped_all_equal, rep.dropped_zero_advantage) == (1, 2, 1)
     assert rep.dropped_surplus_groups == 0
-    assert rep.as_metrics()["dynamic_sampling/dropped_all_equal"] == 2.0
+    assert rep.as_metrics("dynamic_sampling/")["dynamic_sampling/dropped_all_equal"] == 2.0
 
 
 def test_with_real_advantages_all_solved_and_all_failed_groups_go():

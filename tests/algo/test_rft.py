@@ -44,7 +44,7 @@ def test_infrastructure_failures_and_drift_are_excluded_even_if_marked_resolved(
     kept, _, rep = rft_select(trajs, max_per_task=10)
     assert [t.sample_index for t in kept] == [3]
     assert rep.excluded == 3
-    assert rep.as_metrics()["rft/excluded"] == 3.0
+    assert rep.as_metrics("rft/")["rft/excluded"] == 3.0
 
 
 def test_cap_must_be_positive():
