@@ -85,6 +85,7 @@ class Rollouts:
     def __init__(self, cfg: RunConfig, engine: Engine, sandboxes: SandboxPool | None = None,
                  chat: ChatFormat | None = None):  # fmt: skip
         self.cfg = cfg
+        """The run's config (agent, sandbox, sampling, monitor.progress are read per call)."""
         self.engine = engine
         """The policy's engine (a RoutedEngine over the run's servers)."""
         self.sandboxes = sandboxes
@@ -92,8 +93,11 @@ class Rollouts:
         self.chat = chat or ChatFormat(load_tokenizer(cfg.model.tokenizer))
         """Tokenizer + chat template of model.tokenizer."""
         self.prompts = load_prompts(cfg.agent.prompts)
+        """The agent's prompt templates."""
         self.make_sandbox = sandbox_factory(cfg.sandbox, sandboxes)
+        """Task -> a new episode sandbox."""
         self.grade_sandbox = grading_sandbox_factory(cfg.sandbox, sandboxes)
+        """Task -> a new grading sandbox (a clean copy of the task's repository)."""
 
     def limits(self, stage: StageConfig | EvalConfig) -> EpisodeLimits:
         """Episode limits of a stage (or of eval: no demonstration); the rest from sampling and sandbox."""
