@@ -47,7 +47,7 @@ def _eval(args: argparse.Namespace) -> int:
         sandboxes = topo.start_sandbox_server()
         engine = topo.start_engines(str(model_dir), cfg.eval.context_length)
         _, text = evaluate(
-            Rollouts(cfg, engine, sandboxes),
+            Rollouts(cfg, engine, sandboxes, topo.chat),
             tasks,
             args.runs,
             out,

@@ -90,13 +90,15 @@ def _resume(cfg, run_dir: RunDir) -> list[Path]:
     return sorted(p for p in tok.iterdir() if p.is_file())
 
 
-def _start_servers(cfg, topo: Topology, model_dir: str) -> None:
-    """Rank 0: the sandbox server(s) and the engines, serving model_dir at the schedule's longest context."""
-    topo.start_sandbox_server()
+def _start_servers(cfg, topo: Topology, model_dir: str) -> Rollouts:
+    """Rank 0: the sandbox server(s) and the engines, serving model_dir at the schedule's longest context, and
+    the run's Rollouts around them."""
+    sandboxes = topo.start_sandbox_server()
     contexts = [getattr(cfg, s).context_length for s in cfg.schedule if s != "eval"] + [
         cfg.eval.context_length
     ]
-    topo.start_engines(model_dir, max(contexts))
+    engine = topo.start_engines(model_dir, max(contexts))
+    return Rollouts(cfg, engine, sandboxes, topo.chat)
 
 
 def _run(cfg, world: spmd.World) -> int:
@@ -120,8 +122,7 @@ def _run(cfg, world: spmd.World) -> int:
         try:
             initial_policy(ctx)
             _check_stop(ctx)
-            world.lead(_start_servers, cfg, topo, ctx.hf_dir)
-            ctx.rollouts = world.on_driver(Rollouts, cfg, topo.engine, topo.sandboxes, default=None)
+            ctx.rollouts = world.lead(_start_servers, cfg, topo, ctx.hf_dir, share=lambda _: None)
             for name in cfg.schedule:
                 if name == "rft":
                     warm_start(ctx)

@@ -96,6 +96,9 @@ class Topology:
         """The sandbox servers (a sandbox factory: `sandboxes.sandbox(spec)`)."""
         self.engine: RoutedEngine | None = None
         """The vLLM servers behind one Engine."""
+        self.chat = None
+        """The ChatFormat of model.tokenizer the engines stop on (its eos), made by start_engines; the run's
+        rollouts reuse it."""
         self.rendezvous: rendezvous.Rendezvous | None = None
         """The Slurm job's servers (cfg.cluster.rendezvous), or None: this process starts its own."""
         self._old_handlers: dict[int, object] = {}
@@ -154,7 +157,8 @@ class Topology:
         from swe_megatron.model.tokenizer import load_tokenizer
 
         ecfg = self.cfg.engine
-        eos = [ChatFormat(load_tokenizer(self.cfg.model.tokenizer)).eos_id]
+        self.chat = ChatFormat(load_tokenizer(self.cfg.model.tokenizer))
+        eos = [self.chat.eos_id]
         if self.rendezvous is not None and self.rendezvous.engines:
             urls = list(self.rendezvous.engines)
             self.engine = RoutedEngine.vllm(urls, "policy", self.cfg.sampling, eos, ecfg.request_timeout_s)
