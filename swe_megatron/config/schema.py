@@ -496,7 +496,7 @@ class AgentConfig:
     prewarm_grading: bool = True
     """Start each episode's grading sandbox (a clean copy of the task repository, never the agent's) while
     the episode runs, so grading does not wait for it (a sandbox started ahead, see prewarm_sandboxes); needs
-    a rollout setup with a grading sandbox factory (rollout.setup.swebench_grader has one)."""
+    a rollout setup with a grading sandbox factory (rollout.setup.Rollouts makes one)."""
     background_teardown: bool = True
     """Stop sandboxes (kill processes, remove the workspace) on a background thread once an episode or a
     grading is done with them, off the episode's critical path; all are stopped before the rollout returns."""
