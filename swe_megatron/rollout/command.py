@@ -21,6 +21,7 @@ from swe_megatron.errors import UsageError
 
 
 def _rollout(args: argparse.Namespace) -> int:
+    # Imported here: the CLI imports every command module to register it, and these load torch and transformers.
     from contextlib import ExitStack
 
     from swe_megatron.agent.tokens import ChatFormat
