@@ -40,7 +40,7 @@ def tiny_tasks(n: int):
 
     folder = Path(tempfile.mkdtemp(prefix="bench-grading-"))
     task = tiny_task.build_task(folder, tiny_task.build_env())
-    return [dataclasses.replace(task, instance_id=f"{task.instance_id}-{i}") for i in range(n)], folder
+    return [dataclasses.replace(task, instance_id=f"{task.instance_id}-{i}") for i in range(n)]
 
 
 def main() -> int:
@@ -53,17 +53,17 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.tasks:
-        tasks, base = load_tasks_for_command(args.tasks)[: args.limit], Path(args.tasks).resolve().parent
+        tasks = load_tasks_for_command(args.tasks)[: args.limit]
         source = args.tasks
     else:
-        tasks, base = tiny_tasks(args.limit)
+        tasks = tiny_tasks(args.limit)
         source = "tiny test task (tests/grading/tiny_task.py)"
     cfg = SandboxConfig(backend=args.sandbox)
     factory = lambda spec: make_sandbox(spec, cfg)  # noqa: E731
     print(f"grading {len(tasks)} gold patches x {args.repeat} from {source} ({args.sandbox})")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-grading-logs-") as logs:
-        grade_many([(tasks[0], tasks[0].patch, Path(logs) / "warmup")], factory, base_dir=base)  # caches warm
+        grade_many([(tasks[0], tasks[0].patch, Path(logs) / "warmup")], factory)  # caches warm
         for workers in args.workers:
             jobs = [
                 (t, t.patch, Path(logs) / f"w{workers}" / f"{t.instance_id}.{i}")
@@ -71,7 +71,7 @@ def main() -> int:
                 for t in tasks
             ]
             t0 = time.perf_counter()
-            results = grade_many(jobs, factory, workers=workers, base_dir=base)
+            results = grade_many(jobs, factory, workers=workers)
             wall = time.perf_counter() - t0
             bad = [f"{r.instance_id}: {r.status} {r.reason}" for r in results if not r.resolved]
             durations = sorted(r.duration_s for r in results)

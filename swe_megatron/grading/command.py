@@ -40,10 +40,9 @@ def _grade(args: argparse.Namespace) -> int:
         raise UsageError(
             f"predictions {args.predictions}: instance ids not in tasks file {args.tasks}: {shown}"
         )
-    base_dir = Path(args.tasks).resolve().parent
     for iid in predictions:
         try:
-            task_grading(by_id[iid], base_dir)
+            task_grading(by_id[iid])
         except TaskGradingError as e:
             raise UsageError(f"tasks file {args.tasks}: {e}") from None
 
@@ -64,7 +63,6 @@ def _grade(args: argparse.Namespace) -> int:
         lambda spec: make_sandbox(spec, cfg),
         workers=args.workers,
         on_result=progress,
-        base_dir=base_dir,
         test_timeout_s=float(args.timeout if args.timeout is not None else cfg.grade_timeout_s),
     )
     report = build_report(results, by_id, predictions)

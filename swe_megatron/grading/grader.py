@@ -169,18 +169,21 @@ class TaskGrading:
     None where the run keeps no record, no test id names a .py file, or the command selects tests (`::`, -k)."""
 
 
-def task_grading(task: Task, base_dir: str | Path | None = None) -> TaskGrading:
+def task_grading(task: Task) -> TaskGrading:
     """Read a task's grading fields (Task.extra: repo_dir, env_dir, test_cmd, test_files, optional
-    log_parser, eval_type, image); relative paths are taken from base_dir (the tasks file's folder)."""
+    log_parser, eval_type, image); repo_dir/env_dir must be absolute (tasks.load makes them so)."""
     extra = task.extra or {}
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
 
     def host_path(key: str) -> str | None:
         value = extra.get(key)
         if not value:
             return None
-        path = Path(value)
-        return str(path if path.is_absolute() else (base / path).resolve())
+        if not Path(value).is_absolute():
+            raise TaskGradingError(
+                f"task {task.instance_id}: extra.{key} {value!r} is relative; load tasks with "
+                "swe_megatron.tasks.load (it resolves paths against the tasks file's folder)"
+            )
+        return str(value)
 
     repo_dir, env_dir, image = host_path("repo_dir"), host_path("env_dir"), extra.get("image") or None
     if repo_dir is None and image is None:
@@ -274,7 +277,6 @@ def grade_one(
     patch: str | None,
     sandbox_factory: SandboxFactory,
     *,
-    base_dir: str | Path | None = None,
     log_dir: str | Path | None = None,
     test_timeout_s: float = 900.0,
     step_timeout_s: float = 120.0,
@@ -283,9 +285,9 @@ def grade_one(
 ) -> GradeResult:
     """Grade `patch` (a unified diff, "" or None for none) against `task` in a new sandbox.
 
-    base_dir: folder relative task paths are taken from; log_dir: where this grading's files go (a fresh
-    temporary folder when None; give each concurrent grading its own); test_timeout_s: limit of the test
-    command (past it: unresolved); step_timeout_s: limit of each harness step (past it: error);
+    log_dir: where this grading's files go (a fresh temporary folder when None; give each concurrent
+    grading its own); test_timeout_s: limit of the test command (past it: unresolved); step_timeout_s:
+    limit of each harness step (past it: error);
     skip_empty: do not start a sandbox for an empty patch (it is empty_patch, reward 0).
     """
     t0 = time.monotonic()
@@ -299,7 +301,7 @@ def grade_one(
         return result
 
     try:
-        tg = task_grading(task, base_dir)
+        tg = task_grading(task)
     except TaskGradingError as e:
         return done(ERROR, f"task cannot be graded: {e}", excluded=Excluded.TASK.value)
     clean = sanitize_patch(patch, tg.protected)

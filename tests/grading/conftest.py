@@ -32,11 +32,11 @@ def sandbox_factory(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """(task, base_dir): the tiny task's repository and env, built once per session."""
+    """The tiny task (absolute paths), its repository and env built once per session."""
     folder: Path = tmp_path_factory.mktemp("tiny_task")
     folder.chmod(0o755)
     env = tiny_task.build_env()
-    return tiny_task.build_task(folder, env), folder
+    return tiny_task.build_task(folder, env)
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_task import F2P, GOLD_PATCH, P2P
+from tiny_task import F2P, GOLD_PATCH, P2P, UNBUILT_REPO
 from tiny_task import unbuilt_task as make_task
 
 from swe_megatron.grading import eval_script
@@ -74,7 +74,7 @@ def grade_log(tmp_path: Path, output: str, exit_code: int | None, record, timed_
     task = make_task(**extra)
     log = tmp_path / "test_output.txt"
     log.write_text(compose_log(output, exit_code, timed_out, None))
-    return decide(task, task_grading(task, tmp_path), log, record, GOLD_PATCH)
+    return decide(task, task_grading(task), log, record, GOLD_PATCH)
 
 
 def test_passing_run_with_agreeing_record_resolves(tmp_path):
@@ -141,8 +141,8 @@ def test_missing_tests_are_failures(tmp_path):
 
 def test_non_pytest_parsers_need_no_record(tmp_path):
     task = make_task(log_parser="parse_log_pytest_v2")
-    assert task_grading(task, tmp_path).require_record
-    assert not task_grading(make_task(log_parser="parse_log_django"), tmp_path).require_record
+    assert task_grading(task).require_record
+    assert not task_grading(make_task(log_parser="parse_log_django")).require_record
 
 
 @pytest.mark.parametrize(
@@ -156,13 +156,16 @@ def test_non_pytest_parsers_need_no_record(tmp_path):
 )
 def test_tasks_that_cannot_be_graded_say_why(tmp_path, extra, message):
     with pytest.raises(TaskGradingError, match=message):
-        task_grading(make_task(**extra), tmp_path)
+        task_grading(make_task(**extra))
 
 
-def test_task_paths_are_resolved_against_the_tasks_folder(tmp_path):
-    tg = task_grading(make_task(env_dir="envs/e"), tmp_path)
-    assert tg.spec.repo_dir == str(tmp_path / "repo") and tg.spec.env_dir == str(tmp_path / "envs/e")
+def test_task_paths_are_taken_as_loaded_and_relative_ones_refused(tmp_path):
+    """tasks.load is the only place that resolves repo_dir/env_dir; a relative one here names the fix."""
+    tg = task_grading(make_task(env_dir=str(tmp_path / "envs/e")))
+    assert tg.spec.repo_dir == UNBUILT_REPO and tg.spec.env_dir == str(tmp_path / "envs/e")
     assert "tests/test_clamp.py" in tg.protected and tg.existing_test_files == []
+    with pytest.raises(TaskGradingError, match="extra.env_dir 'envs/e' is relative; load tasks with"):
+        task_grading(make_task(env_dir="envs/e"))
 
 
 def test_apply_order_is_swebench_s():
@@ -228,7 +231,7 @@ def _no_sandbox(spec):
 def test_empty_and_unparseable_patches_are_empty_not_errors(tmp_path, patch, reason):
     from swe_megatron.grading.grader import grade_one
 
-    result = grade_one(make_task(), patch, _no_sandbox, base_dir=tmp_path, log_dir=tmp_path / "log")
+    result = grade_one(make_task(), patch, _no_sandbox, log_dir=tmp_path / "log")
     assert result.status == "empty_patch" and result.reward == 0.0 and reason in result.reason
     assert (tmp_path / "log" / "result.json").exists()
 
@@ -244,4 +247,4 @@ def test_empty_and_unparseable_patches_are_empty_not_errors(tmp_path, patch, rea
 )
 def test_canaries_only_where_the_command_collects_whole_files(tmp_path, test_cmd, canaries):
     task = make_task(test_cmd=test_cmd)
-    assert (task_grading(task, tmp_path).canary_file == F2P[0].split("::")[0]) is canaries
+    assert (task_grading(task).canary_file == F2P[0].split("::")[0]) is canaries

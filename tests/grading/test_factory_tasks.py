@@ -20,15 +20,14 @@ def test_factory_tasks_gold_resolves_and_empty_does_not(sandbox_factory, factory
     failures = []
     for path, limit in factory_task_files:
         tasks = load_tasks_for_command(str(path))[:limit]
-        base = path.resolve().parent
         jobs = [(t, t.patch, tmp_path / path.stem / t.instance_id / "gold") for t in tasks]
-        for task, result in zip(tasks, grade_many(jobs, sandbox_factory, workers=2, base_dir=base)):
+        for task, result in zip(tasks, grade_many(jobs, sandbox_factory, workers=2)):
             if result.status != RESOLVED or result.dropped:
                 failures.append(
                     f"{task.instance_id} gold: {result.status} {result.reason} dropped={result.dropped}"
                 )
         jobs = [(t, "", tmp_path / path.stem / t.instance_id / "empty") for t in tasks]
-        results = grade_many(jobs, sandbox_factory, workers=2, base_dir=base, skip_empty=False)
+        results = grade_many(jobs, sandbox_factory, workers=2, skip_empty=False)
         for task, result in zip(tasks, results):
             if result.status != UNRESOLVED:
                 failures.append(f"{task.instance_id} without a patch: {result.status} {result.reason}")

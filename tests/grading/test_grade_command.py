@@ -109,7 +109,7 @@ def test_grade_command_rejects_tasks_it_cannot_grade(files, capsys):
 @pytest.mark.sandbox
 def test_grade_command_end_to_end(tiny, sandbox_factory, tmp_path, capsys):
     """Gold, empty, cheating and tampering predictions for copies of the tiny task, two graders at once."""
-    task, base = tiny
+    task = tiny
     rows, preds = [], []
     for name, patch in [
         ("gold", task.patch),
@@ -120,7 +120,7 @@ def test_grade_command_end_to_end(tiny, sandbox_factory, tmp_path, capsys):
         iid = f"calc__calc-{name}"
         rows.append({**task_row(task), "instance_id": iid})
         preds.append({"instance_id": iid, "model_name_or_path": "tiny-model", "model_patch": patch})
-    tasks_file = write_jsonl(base / "grade_cmd_tasks.jsonl", rows)
+    tasks_file = write_jsonl(tmp_path / "grade_cmd_tasks.jsonl", rows)
     preds_file = write_jsonl(tmp_path / "preds.jsonl", preds)
     out = tmp_path / "report.json"
     argv = [

@@ -20,13 +20,13 @@ from swe_megatron.sandbox.base import ExecResult, SandboxError
 pytestmark = pytest.mark.sandbox
 
 
-def grade(task, base, patch, factory, tmp_path, **kw):
-    return grade_one(task, patch, factory, base_dir=base, log_dir=tmp_path / "log", **kw)
+def grade(task, patch, factory, tmp_path, **kw):
+    return grade_one(task, patch, factory, log_dir=tmp_path / "log", **kw)
 
 
 def test_gold_patch_resolves(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
-    result = grade(task, base, task.patch, sandbox_factory, tmp_path)
+    task = tiny
+    result = grade(task, task.patch, sandbox_factory, tmp_path)
     assert result.status == RESOLVED, result.reason
     assert result.reward == 1.0 and result.applied_with == "git apply --verbose"
     assert result.tests_status["FAIL_TO_PASS"]["success"] == F2P
@@ -35,44 +35,44 @@ def test_gold_patch_resolves(tiny, sandbox_factory, tmp_path):
 
 def test_record_survives_a_test_command_that_sets_its_own_pythonpath(tiny, sandbox_factory, tmp_path):
     """The factory's src-layout tasks run `PYTHONPATH=src python -m pytest ...`."""
-    task, base = tiny
+    task = tiny
     own_path = dataclasses.replace(
         task, extra={**task.extra, "test_cmd": "PYTHONPATH=calc " + task.extra["test_cmd"]}
     )
-    result = grade(own_path, base, task.patch, sandbox_factory, tmp_path)
+    result = grade(own_path, task.patch, sandbox_factory, tmp_path)
     assert result.status == RESOLVED, result.reason
     assert (tmp_path / "log" / "record.json").exists()
 
 
 def test_empty_patch_does_not_resolve(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
-    skipped = grade(task, base, "", sandbox_factory, tmp_path)
+    task = tiny
+    skipped = grade(task, "", sandbox_factory, tmp_path)
     assert skipped.status == "empty_patch" and skipped.reward == 0.0
-    ran = grade(task, base, "", sandbox_factory, tmp_path, skip_empty=False)
+    ran = grade(task, "", sandbox_factory, tmp_path, skip_empty=False)
     assert ran.status == UNRESOLVED and ran.tests_status["FAIL_TO_PASS"]["failure"] == F2P
 
 
 def test_patch_that_does_not_apply_is_unresolved(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
+    task = tiny
     bad = FIX.replace("-        return lo", "-        return low")  # a removed line no fuzz can match
-    result = grade(task, base, bad, sandbox_factory, tmp_path)
+    result = grade(task, bad, sandbox_factory, tmp_path)
     assert result.status == UNRESOLVED and result.reason == "patch did not apply" and result.reward == 0.0
 
 
 def test_fuzzy_patch_applies_with_a_later_command(tiny, sandbox_factory, tmp_path):
     """Context off by a line: git apply refuses, `patch --fuzz` (SWE-bench's last command) takes it."""
-    task, base = tiny
+    task = tiny
     fuzzy = FIX.replace("     if x < lo:\n", "     if x < lo:  # moved\n")
-    result = grade(task, base, fuzzy, sandbox_factory, tmp_path)
+    result = grade(task, fuzzy, sandbox_factory, tmp_path)
     assert result.status == RESOLVED, result.reason
     assert result.applied_with.startswith("patch ")
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_cheating_patch_does_not_resolve(name, tiny, sandbox_factory, tmp_path, monkeypatch):
-    task, base = tiny
+    task = tiny
     patch, defence, undefended = ATTACKS[name]
-    result = grade(task, base, patch, sandbox_factory, tmp_path / "defended")
+    result = grade(task, patch, sandbox_factory, tmp_path / "defended")
     assert result.status == UNRESOLVED, (result.status, result.reason)
     assert result.reward == 0.0
     if defence == "sanitiser":
@@ -84,12 +84,12 @@ def test_cheating_patch_does_not_resolve(name, tiny, sandbox_factory, tmp_path, 
     monkeypatch.setattr(
         grader, "CANARIES", False
     )  # they catch the outcome rewrites too (test_runner_tampering)
-    control = grade(undefended_task, base, patch, sandbox_factory, tmp_path / "undefended")
+    control = grade(undefended_task, patch, sandbox_factory, tmp_path / "undefended")
     assert control.status == undefended, (control.status, control.reason)
 
 
 def test_hanging_patch_is_unresolved_not_excluded(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
+    task = tiny
     hang = diff(
         (
             "calc/ops.py",
@@ -99,22 +99,22 @@ def test_hanging_patch_is_unresolved_not_excluded(tiny, sandbox_factory, tmp_pat
             ),
         )
     )
-    result = grade(task, base, hang, sandbox_factory, tmp_path, test_timeout_s=3)
+    result = grade(task, hang, sandbox_factory, tmp_path, test_timeout_s=3)
     assert result.status == UNRESOLVED and "timeout" in result.reason
 
 
 def test_sandbox_failure_is_an_error_not_a_zero(tiny, tmp_path):
-    task, base = tiny
+    task = tiny
 
     def broken(spec):
         raise SandboxError("no sandbox today")
 
-    result = grade(task, base, task.patch, broken, tmp_path)
+    result = grade(task, task.patch, broken, tmp_path)
     assert result.status == ERROR and result.reward is None and "no sandbox today" in result.error
 
 
 def test_sandbox_dying_during_the_tests_is_an_error(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
+    task = tiny
 
     class DiesOnEval:
         def __init__(self, spec):
@@ -128,29 +128,29 @@ def test_sandbox_dying_during_the_tests_is_an_error(tiny, sandbox_factory, tmp_p
                 raise SandboxError("the sandbox shell died")
             return self.inner.exec(command, timeout_s)
 
-    result = grade(task, base, task.patch, DiesOnEval, tmp_path)
+    result = grade(task, task.patch, DiesOnEval, tmp_path)
     assert result.status == ERROR and "shell died" in result.reason
 
 
 def test_broken_test_patch_is_an_error(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
+    task = tiny
     broken = dataclasses.replace(
         task, test_patch=diff(("tests/test_basic.py", TEST_BASIC + "# gone\n", TEST_BASIC))
     )
-    result = grade(broken, base, task.patch, sandbox_factory, tmp_path)
+    result = grade(broken, task.patch, sandbox_factory, tmp_path)
     assert result.status == ERROR and "test patch did not apply" in result.reason
 
 
 def test_long_output_is_cut_to_its_tail(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
-    result = grade(task, base, task.patch, sandbox_factory, tmp_path, output_cap_bytes=700)
+    task = tiny
+    result = grade(task, task.patch, sandbox_factory, tmp_path, output_cap_bytes=700)
     log = (tmp_path / "log" / "test_output.txt").read_text()
     assert "bytes of test output were cut" in log and "test session starts" not in log
     assert result.status == RESOLVED, result.reason
 
 
 def test_harness_step_timeout_is_an_error(tiny, sandbox_factory, tmp_path):
-    task, base = tiny
+    task = tiny
 
     class SlowApply:
         def __init__(self, spec):
@@ -164,5 +164,5 @@ def test_harness_step_timeout_is_an_error(tiny, sandbox_factory, tmp_path):
                 return ExecResult(output=b"", exit_code=-1, timed_out=True)
             return self.inner.exec(command, timeout_s)
 
-    result = grade(task, base, task.patch, SlowApply, tmp_path)
+    result = grade(task, task.patch, SlowApply, tmp_path)
     assert result.status == ERROR and "timed out" in result.reason

@@ -40,31 +40,26 @@ STOP_TIMEOUT = (
 def test_patch_that_stops_its_timeout_is_unresolved_not_excluded(tiny, sandbox_factory, tmp_path):
     """The fix plus SIGSTOP of `timeout`: the eval script never returns; the harness cannot see the tests
     finish, so it is the patch's outcome (0), not an excluded infrastructure error."""
-    task, base = tiny
+    task = tiny
     patch = FIX + diff(("calc/__init__.py", INIT, STOP_TIMEOUT + INIT))
-    result = grade_one(
-        task, patch, sandbox_factory, base_dir=base, log_dir=tmp_path, test_timeout_s=3, step_timeout_s=5
-    )
+    result = grade_one(task, patch, sandbox_factory, log_dir=tmp_path, test_timeout_s=3, step_timeout_s=5)
     assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
     assert "held past its test timeout" in result.reason
 
 
 def test_patch_with_undecodable_text_is_graded(tiny, sandbox_factory, tmp_path):
     """A byte that is not UTF-8 (surrogate-escaped, as the ACI decodes diffs) and a lone surrogate."""
-    task, base = tiny
+    task = tiny
     odd = "caf\udce9 and \ud800 in a note\n"
     assert patch_bytes(odd) == b"caf\xe9 and \xed\xa0\x80 in a note\n"
     result = grade_one(
         task,
         task.patch + diff(("notes.txt", None, odd)),
         sandbox_factory,
-        base_dir=base,
         log_dir=tmp_path / "fix",
     )
     assert result.status == RESOLVED, (result.status, result.reason)
-    alone = grade_one(
-        task, diff(("notes.txt", None, odd)), sandbox_factory, base_dir=base, log_dir=tmp_path / "alone"
-    )
+    alone = grade_one(task, diff(("notes.txt", None, odd)), sandbox_factory, log_dir=tmp_path / "alone")
     assert alone.status == UNRESOLVED, (alone.status, alone.reason)
 
 
@@ -80,13 +75,10 @@ def _block(reason, command):
 def _rollout(tmp_path, chat, tiny, extra_commands):
     """One scripted episode through the real rollout manager, bwrap sandbox and grader: the gold fix,
     then `extra_commands`, then submit."""
-    task, base = tiny
+    task = tiny
     folder = tmp_path / "tasks"
     folder.mkdir()
-    row = dict(task.__dict__, extra={**task.extra, "repo_dir": str(base / task.extra["repo_dir"])})
-    if task.extra.get("env_dir"):
-        row["extra"]["env_dir"] = str(base / task.extra["env_dir"])
-    (folder / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    (folder / "tasks.jsonl").write_text(json.dumps(task.__dict__) + "\n")
     tasks = load_tasks(folder / "tasks.jsonl")
     script = gold_patch_script(tasks[0].patch)
     script[-1:-1] = [_block("Now this.", c) for c in extra_commands]

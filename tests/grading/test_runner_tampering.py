@@ -26,19 +26,18 @@ BLANKET = [n for n in RUNNER_ATTACKS if n != "ptrace_attaches_to_siblings"]
 
 @pytest.fixture(scope="session")
 def attack_targets(factory_task_files, tmp_path_factory):
-    """Per task (first of each tasks file): (task, base_dir, module path, its text at base, with gold)."""
+    """Per task (first of each tasks file): (task, module path, its text at base, with gold)."""
     out = []
     for path, _ in factory_task_files:
         task = load_tasks_for_command(str(path))[0]
-        base = path.resolve().parent
-        repo = task_grading(task, base).spec.repo_dir
+        repo = task_grading(task).spec.repo_dir
         module = next(
             pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
         )
         copy = tmp_path_factory.mktemp("gold") / "repo"
         shutil.copytree(repo, copy, symlinks=True)
         subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=copy, check=True)
-        out.append((task, base, module, _read(repo, module), _read(copy, module)))
+        out.append((task, module, _read(repo, module), _read(copy, module)))
     return out
 
 
@@ -48,14 +47,13 @@ def _read(root, rel):
 
 
 def _attack(name, target, with_fix):
-    task, base, module, before, fixed = target
+    task, module, before, fixed = target
     start = fixed if with_fix else before
     return diff((module, before, start + "\n\n" + RUNNER_ATTACKS[name]))
 
 
 def _grade(target, patch, factory, log_dir, **kw):
-    task, base = target[:2]
-    return grade_one(task, patch, factory, base_dir=base, log_dir=log_dir, **kw)
+    return grade_one(target[0], patch, factory, log_dir=log_dir, **kw)
 
 
 @pytest.mark.parametrize("name", BLANKET)

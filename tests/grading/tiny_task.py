@@ -170,7 +170,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def build_task(folder: Path, env_dir: Path, instance_id: str = "calc__calc-0001") -> Task:
-    """Write the buggy repository under folder/repo and return its Task (paths relative to folder)."""
+    """Write the buggy repository under folder/repo and return its Task (absolute paths, as tasks.load gives)."""
     repo = folder / "repo"
     files = {
         "calc/__init__.py": INIT,
@@ -195,12 +195,15 @@ def build_task(folder: Path, env_dir: Path, instance_id: str = "calc__calc-0001"
         FAIL_TO_PASS=list(F2P),
         PASS_TO_PASS=list(P2P),
         extra={
-            "repo_dir": "repo",
-            "env_dir": os.path.relpath(env_dir, folder),
+            "repo_dir": str(repo.resolve()),
+            "env_dir": str(Path(env_dir).resolve()),
             "test_cmd": "python -m pytest -p no:cacheprovider tests",
             "test_files": ["tests/test_clamp.py"],
         },
     )
+
+
+UNBUILT_REPO = "/nonexistent/calc/repo"  # absolute, as tasks.load makes it; never on disk
 
 
 def unbuilt_task(**extra) -> Task:
@@ -214,5 +217,5 @@ def unbuilt_task(**extra) -> Task:
         problem_statement="",
         FAIL_TO_PASS=list(F2P),
         PASS_TO_PASS=list(P2P),
-        extra={"repo_dir": "repo", "test_cmd": "python -m pytest tests", **extra},
+        extra={"repo_dir": UNBUILT_REPO, "test_cmd": "python -m pytest tests", **extra},
     )
