@@ -290,16 +290,9 @@ def grade_one(
     limit of each harness step (past it: error);
     skip_empty: do not start a sandbox for an empty patch (it is empty_patch, reward 0).
     """
-    t0 = time.monotonic()
-    iid = task.instance_id
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="swe-grade-"))
     logs.mkdir(parents=True, exist_ok=True)
-
-    def done(status: str, reason: str = "", **kw: Any) -> GradeResult:
-        result = GradeResult(iid, status, reason, duration_s=time.monotonic() - t0, **kw)
-        _write_text(logs / "result.json", json.dumps(result.to_dict(), indent=2, default=str))
-        return result
-
+    done = _Done(task.instance_id, logs, time.monotonic())
     try:
         tg = task_grading(task)
     except TaskGradingError as e:
@@ -310,12 +303,42 @@ def grade_one(
     common = {"dropped": clean.dropped, "suspicious": clean.suspicious}
     if clean.is_empty and skip_empty:
         return done(EMPTY_PATCH, _empty_reason(clean), **common)
+    limits = _Limits(test_timeout_s, step_timeout_s, output_cap_bytes)
+    return _grade_in_sandbox(task, tg, clean.patch, sandbox_factory, limits, done, common)
+
+
+@dataclass
+class _Done:
+    """Ends one grading: its GradeResult, also written to <logs>/result.json."""
+
+    instance_id: str
+    logs: Path
+    t0: float
+
+    def __call__(self, status: str, reason: str = "", **kw: Any) -> GradeResult:
+        """The result with this status and reason (kw: further GradeResult fields), written to the logs."""
+        result = GradeResult(self.instance_id, status, reason, duration_s=time.monotonic() - self.t0, **kw)
+        _write_text(self.logs / "result.json", json.dumps(result.to_dict(), indent=2, default=str))
+        return result
+
+
+def _grade_in_sandbox(
+    task: Task,
+    tg: TaskGrading,
+    patch: str,
+    sandbox_factory: SandboxFactory,
+    limits: _Limits,
+    done: _Done,
+    common: dict[str, Any],
+) -> GradeResult:
+    """Apply the sanitised patch and run the tests in a new sandbox; decide; infrastructure failures are
+    excluded errors, not the model's outcome."""
+    logs = done.logs
     try:
-        limits = _Limits(test_timeout_s, step_timeout_s, output_cap_bytes)
-        run = _SandboxRun(task, tg, logs, limits).run(sandbox_factory, clean.patch)
+        run = _SandboxRun(task, tg, logs, limits).run(sandbox_factory, patch)
         if run.apply_failed:
             return done(UNRESOLVED, "patch did not apply", timings=run.timings, **common)
-        resolved, tests_status, reason, tampered = _decide_run(task, tg, run, clean.patch)
+        resolved, tests_status, reason, tampered = _decide_run(task, tg, run, patch)
         if tampered:
             common["tampered"] = reason
     except (SandboxError, GradingInfraError) as e:
@@ -328,7 +351,7 @@ def grade_one(
     if not resolved and run.held:
         reason = "the eval script was held past its test timeout (its `timeout` or shell stopped or traced)"
     elif not resolved and run.timed_out:
-        reason = f"tests ran past the {test_timeout_s:.0f} s test timeout"
+        reason = f"tests ran past the {limits.test_s:.0f} s test timeout"
     return done(
         RESOLVED if resolved else UNRESOLVED,
         reason,

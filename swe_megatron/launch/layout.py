@@ -137,22 +137,8 @@ def job_layout(
             f"x cluster.gpus_per_node={cl.gpus_per_node} GPUs"
         )
     engine_nodes = tuple(hostnames[cl.trainer_nodes : need])
-    engines = per_engine_node = 0
-    if engine_nodes:
-        if cl.gpus_per_node < eng.tensor_parallel_size:
-            raise LaunchError(
-                f"engine.tensor_parallel_size={eng.tensor_parallel_size} exceeds cluster.gpus_per_node="
-                f"{cl.gpus_per_node}: one vLLM server must fit on one node"
-            )
-        per_engine_node = max(1, cl.gpus_per_node // max(1, eng.tensor_parallel_size))
-        engines = eng.num_servers
-        if engines > per_engine_node * len(engine_nodes):
-            raise LaunchError(
-                f"engine.num_servers={engines} servers of {eng.tensor_parallel_size} GPU(s) do not fit on "
-                f"cluster.engine_nodes={len(engine_nodes)} x {cl.gpus_per_node} GPUs; at most "
-                f"{per_engine_node * len(engine_nodes)}"
-            )
-        per_engine_node = math.ceil(engines / len(engine_nodes))
+    engines = eng.num_servers if engine_nodes else 0
+    per_engine_node = _engines_per_node(cl, eng, len(engine_nodes))
     cpus = cl.cpus_per_node if cpus_per_node is None else cpus_per_node
     for what, n in (("trainer ranks", per_node), ("vLLM servers", per_engine_node)):
         if n > cpus:
@@ -176,3 +162,21 @@ def job_layout(
         job_dir=str(run_dir / "jobs" / job_id),
         log_dir=str(Path(cl.log_dir).resolve() if cl.log_dir else run_dir / "slurm"),
     )
+
+
+def _engines_per_node(cl, eng, n_engine_nodes: int) -> int:
+    """vLLM servers per engine node (0 without engine nodes); LaunchError when they do not fit the GPUs."""
+    if not n_engine_nodes:
+        return 0
+    if cl.gpus_per_node < eng.tensor_parallel_size:
+        raise LaunchError(
+            f"engine.tensor_parallel_size={eng.tensor_parallel_size} exceeds cluster.gpus_per_node="
+            f"{cl.gpus_per_node}: one vLLM server must fit on one node"
+        )
+    fit = max(1, cl.gpus_per_node // max(1, eng.tensor_parallel_size))
+    if eng.num_servers > fit * n_engine_nodes:
+        raise LaunchError(
+            f"engine.num_servers={eng.num_servers} servers of {eng.tensor_parallel_size} GPU(s) do not fit on "
+            f"cluster.engine_nodes={n_engine_nodes} x {cl.gpus_per_node} GPUs; at most {fit * n_engine_nodes}"
+        )
+    return math.ceil(eng.num_servers / n_engine_nodes)

@@ -74,6 +74,21 @@ def _named_for_export(tensors, cfg: ModelConfig, name_tied_lm_head: bool):
             yield "lm_head.weight", t
 
 
+def _finish_folder(tmp: Path, out: Path, cfg: ModelConfig, weight_map: dict, total: int, extra_files) -> None:
+    """Rank 0: write the index, config.json and extra_files into `tmp`, then put `tmp` in place of `out`."""
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (tmp / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2))
+    for f in extra_files:
+        shutil.copy(f, tmp / Path(f).name)
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def export_hf(
     model,
     cfg: ModelConfig,
@@ -112,28 +127,14 @@ def export_hf(
         where, nbytes = _write_stage(
             _named_for_export(tensors, cfg, name_tied_lm_head), tmp, _rank(pp_group), max_shard_bytes
         )
-    maps = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+    maps = [(where, nbytes)]
     if dist.is_initialized():
+        maps = [None] * dist.get_world_size()
         dist.all_gather_object(maps, (where, nbytes), group=wait_group)
-    else:
-        maps = [(where, nbytes)]
     weight_map = {k: v for m, _ in maps for k, v in m.items()}
     total = sum(n for _, n in maps)
     if rank == 0:
-        (tmp / "model.safetensors.index.json").write_text(
-            json.dumps(
-                {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2
-            )
-        )
-        (tmp / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2))
-        for f in extra_files:
-            shutil.copy(f, tmp / Path(f).name)
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        _finish_folder(tmp, out, cfg, weight_map, total, extra_files)
     _barrier(wait_group)
     return ExportReport(str(out), time.perf_counter() - start, total, len(set(weight_map.values())))
 

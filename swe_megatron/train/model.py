@@ -69,15 +69,6 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize:
     dtype = _DTYPES[model.params_dtype]
     head_dim = model.hidden_size // model.num_attention_heads
     on_gpu = torch.cuda.is_available()
-    recompute = {}
-    if parallel.recompute == Recompute.full:
-        recompute = {
-            "recompute_granularity": "full",
-            "recompute_method": "uniform",
-            "recompute_num_layers": 1,
-        }
-    elif parallel.recompute == Recompute.selective:
-        recompute = {"recompute_granularity": "selective"}
     cfg = TransformerConfig(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -115,18 +106,31 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize:
         apply_rope_fusion=False,
         persist_layer_norm=False,
         pipeline_dtype=dtype,
-        **recompute,
+        **_recompute_settings(parallel.recompute),
     )
     if model.rope_scaling.type == "yarn":
-        # GPTModel reads YaRN settings off the config; HF defaults (beta 32/1, truncated range).
-        cfg.yarn_rotary_scaling_factor = model.rope_scaling.factor
-        cfg.yarn_original_max_position_embeddings = model.rope_scaling.original_max_position_embeddings
-        cfg.yarn_beta_fast = 32.0
-        cfg.yarn_beta_slow = 1.0
-        cfg.yarn_mscale = 1.0
-        cfg.yarn_mscale_all_dim = 0.0
-        cfg.yarn_correction_range_round_to_int = True
+        _set_yarn(cfg, model)
     return cfg
+
+
+def _recompute_settings(recompute: Recompute) -> dict:
+    """TransformerConfig's activation-recomputation arguments for parallel.recompute."""
+    if recompute == Recompute.full:
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if recompute == Recompute.selective:
+        return {"recompute_granularity": "selective"}
+    return {}
+
+
+def _set_yarn(cfg, model: ModelConfig) -> None:
+    """GPTModel reads YaRN settings off the config; set them with HF's defaults (beta 32/1, truncated range)."""
+    cfg.yarn_rotary_scaling_factor = model.rope_scaling.factor
+    cfg.yarn_original_max_position_embeddings = model.rope_scaling.original_max_position_embeddings
+    cfg.yarn_beta_fast = 32.0
+    cfg.yarn_beta_slow = 1.0
+    cfg.yarn_mscale = 1.0
+    cfg.yarn_mscale_all_dim = 0.0
+    cfg.yarn_correction_range_round_to_int = True
 
 
 def layer_spec(parallel: ParallelConfig):
