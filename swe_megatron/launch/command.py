@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from swe_megatron.config.load import load_config
 from swe_megatron.errors import UsageError
+from swe_megatron.launch import steps
+from swe_megatron.launch.sifs import SifBuilder, task_image
+from swe_megatron.tasks.load import load_tasks_for_command
 
 
 def _launch(args: argparse.Namespace) -> int:
+    # lazy: submitit (launch.submit, 0.1 s); the CLI imports every command module at start
     from swe_megatron.launch.submit import submit
 
     job = submit(args.config, args.overrides, cluster=args.cluster)
@@ -28,13 +33,8 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _build_sifs(args: argparse.Namespace) -> int:
-    from swe_megatron.launch.sifs import SifBuilder, task_image
-    from swe_megatron.tasks.load import load_tasks_for_command
-
     sif_dir = args.sif_dir
     if not sif_dir and args.config:
-        from swe_megatron.config.load import load_config
-
         sif_dir = load_config(args.config, args.overrides).sandbox.sif_dir
     if not sif_dir:
         raise UsageError("no SIF folder: give --sif-dir DIR or --config CONFIG with sandbox.sif_dir set")
@@ -53,8 +53,6 @@ def _build_sifs(args: argparse.Namespace) -> int:
 
 
 def _job_step(args: argparse.Namespace) -> int:
-    from swe_megatron.launch import steps
-
     if args.role == "init":
         sys.stdout.write(steps.init(args.config, args.overrides))
         return 0

@@ -24,7 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from swe_megatron.config.load import load_config
 from swe_megatron.launch import rendezvous
+from swe_megatron.launch.layout import job_layout
 from swe_megatron.launch.slurm_env import SlurmEnv
 from swe_megatron.net import wait_healthy
 
@@ -40,9 +42,6 @@ def _cli() -> list[str]:
 
 def init(config: str, overrides: list[str], environ=None) -> str:
     """Shell assignments of the job's layout; creates JOB_DIR with a fresh token (see layout.py)."""
-    from swe_megatron.config.load import load_config
-    from swe_megatron.launch.layout import job_layout
-
     env = SlurmEnv.from_environ(environ)
     cfg = load_config(config, overrides)
     # the allocation's real CPUs per node (an --exclusive job gets all of them), else cluster.cpus_per_node
@@ -125,7 +124,7 @@ def sandbox_server(job_dir: str, config: str, overrides: list[str], port: int = 
 
 def engine(job_dir: str, config: str, overrides: list[str], stage: str, environ=None) -> int:
     """Run one vLLM server (engine entry SLURM_PROCID) on this task's GPUs; returns its status."""
-    from swe_megatron.config.load import load_config
+    # lazy: torch, transformers (engine.vllm_server); the other steps run without them
     from swe_megatron.engine.vllm_server import engine_model_dir, server_command, server_env
 
     env = SlurmEnv.from_environ(environ)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import submitit
 
+from swe_megatron.config.load import load_config
 from swe_megatron.launch.slurm_env import LaunchError, SlurmEnv
 from swe_megatron.launch.steps import STOP_FILE
 
@@ -154,8 +155,6 @@ def make_executor(cfg, cluster: str, folder: Path) -> submitit.AutoExecutor:
 
 def submit(config: str, overrides: list[str], cluster: str = "slurm"):
     """Validate the config, submit the run; returns the submitit Job."""
-    from swe_megatron.config.load import load_config
-
     cfg = load_config(config, overrides)
     if cluster not in ("slurm", "local", "debug"):
         raise LaunchError(f"--cluster {cluster!r} is unknown; allowed: slurm, local, debug")

@@ -12,6 +12,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from swe_megatron.model.hub import resolve_model_path
+
 QWEN25_LAST_ADDED_ID = 151664
 """Highest added-token id of Qwen2.5 (`<|file_sep|>`); the shipped file has four more that Qwen2.5 lacks."""
 
@@ -123,8 +125,6 @@ def load_tokenizer(name: str):
     if name == "qwen2.5":
         return _qwen25()
     from transformers import AutoTokenizer
-
-    from swe_megatron.model.hub import resolve_model_path
 
     path = resolve_model_path(name)  # a missing folder or uncached hub id: one error naming it and the cache
     try:

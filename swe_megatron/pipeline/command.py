@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swe_megatron.config.load import load_config
 from swe_megatron.errors import UsageError
+from swe_megatron.tasks.load import load_tasks_for_command
 
 
 def _run(args: argparse.Namespace) -> int:
-    from swe_megatron.config.load import load_config
+    # lazy: torch, transformers (pipeline.driver, run_dir); the CLI imports every command module at start
     from swe_megatron.pipeline.driver import run
     from swe_megatron.pipeline.run_dir import RunDir
 
@@ -24,11 +26,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from swe_megatron.config.load import load_config
+    # lazy: torch, transformers (pipeline.eval, topology, rollout.setup)
     from swe_megatron.pipeline.eval import evaluate
     from swe_megatron.pipeline.topology import Topology
     from swe_megatron.rollout.setup import Rollouts
-    from swe_megatron.tasks.load import load_tasks_for_command
 
     cfg = load_config(args.config, args.overrides)
     ckpt = Path(args.checkpoint)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from swe_megatron.model.hf_config import check_matches_hf
+from swe_megatron.model.tokenizer import save_tokenizer
 from swe_megatron.monitor import NullMonitor
 from swe_megatron.pipeline import spmd
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
@@ -83,8 +84,6 @@ def _open(cfg, run_dir: RunDir) -> tuple[dict, list, FilterReport, dict]:
 
 def _resume(cfg, run_dir: RunDir) -> list[Path]:
     """Rank 0: the live pool as last committed; the tokenizer files that go into every HF export."""
-    from swe_megatron.model.tokenizer import save_tokenizer
-
     run_dir.restore_pool()
     tok = save_tokenizer(cfg.model.tokenizer, run_dir.root / "tokenizer")
     return sorted(p for p in tok.iterdir() if p.is_file())

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from swe_megatron.algo import TaskPool
 from swe_megatron.atomic_write import write_atomic, write_json_atomic
 from swe_megatron.errors import UsageError
+from swe_megatron.monitor import Monitor, NullMonitor
 
 STATE_FORMAT = 1
 RESUME_KEYS = ("model", "seed", "schedule", "tasks.train_file")
@@ -201,8 +202,6 @@ class RunDir:
 
 def open_monitor(run: RunDir, cfg):
     """The run's TensorBoard monitor; events at or after the first uncommitted step are purged on resume."""
-    from swe_megatron.monitor import Monitor, NullMonitor
-
     if not cfg.monitor.tensorboard:
         return NullMonitor(progress=cfg.monitor.progress)
     monitor = Monitor(run.tensorboard, progress=cfg.monitor.progress)

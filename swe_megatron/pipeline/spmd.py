@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 from swe_megatron.errors import UsageError
+from swe_megatron.launch.dist_env import DistEnv
+from swe_megatron.train import parallel
 
 T = TypeVar("T")
 
@@ -81,9 +83,6 @@ class World:
 def start(parallel_cfg, seed: int) -> Iterator[World]:
     """torch.distributed and Megatron-Core's groups for this process (from the launcher's env, or a world of 1),
     torn down at exit. parallel_cfg.world_size must match the launch."""
-    from swe_megatron.launch.dist_env import DistEnv
-    from swe_megatron.train import parallel
-
     env, want = DistEnv.from_environ(), parallel_cfg.world_size
     if env is None and want != 1:
         raise UsageError(

@@ -29,6 +29,7 @@ from swe_megatron.algo import (
     num_optimizer_steps,
     outcomes,
     rft_select,
+    split_optimizer_steps,
     tasks_to_sample,
 )
 from swe_megatron.config.schema import LrSchedule, RunConfig
@@ -45,7 +46,8 @@ from swe_megatron.rollout.setup import Rollouts
 from swe_megatron.tasks.schema import Task
 from swe_megatron.train.hf_convert import HFCheckpoint
 from swe_megatron.train.optim import LrScheduler
-from swe_megatron.train.step import Trainer
+from swe_megatron.train.packing import TrainSample
+from swe_megatron.train.step import LossSpec, Trainer
 from swe_megatron.train.weight_sync import FileWeightSync, WeightSync
 from swe_megatron.trajectory import Trajectory
 
@@ -165,8 +167,6 @@ def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict
 # --- samples -------------------------------------------------------------------------------------------
 def to_samples(trajs: list[Trajectory], masks: list[list[int]], advantages: list[float]):
     """Trajectories -> TrainSamples: the engine's tokens, the loss mask, the advantage, engine logprobs."""
-    from swe_megatron.train.packing import TrainSample
-
     out = []
     for t, m, a in zip(trajs, masks, advantages):
         mask = torch.tensor(m, dtype=torch.bool)
@@ -179,9 +179,6 @@ def to_samples(trajs: list[Trajectory], masks: list[list[int]], advantages: list
 
 def _sft_steps(ctx: Context, stage, samples, epochs: int, seed: int) -> list[dict]:
     """`epochs` passes over samples, each split into optimiser steps of at most stage.batch_size."""
-    from swe_megatron.algo import split_optimizer_steps
-    from swe_megatron.train.step import LossSpec
-
     out = []
     for e in range(epochs):
         steps = split_optimizer_steps(list(range(len(samples))), stage.batch_size, stage.min_optimizer_steps,
@@ -359,8 +356,6 @@ def _dapo_rollouts(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
 
 def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
     """One DAPO iteration (stage1/stage2): rollouts, length penalty, group advantages, dynamic sampling, update."""
-    from swe_megatron.train.step import LossSpec
-
     stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:{it}"
     if ctx.run.is_done(unit):
         return

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from swe_megatron.errors import UsageError
+from swe_megatron.tasks.factory.build import FactoryConfig, make_tasks
 from swe_megatron.tasks.filters import FilterReport, filter_tasks
 from swe_megatron.tasks.load import load_tasks
 
@@ -33,8 +34,6 @@ def ensure_tasks(cfg) -> tuple[dict, list, FilterReport]:
     if not train_file.exists():
         if train_file.name != "train.jsonl":
             raise UsageError(f"tasks.train_file={train_file} does not exist; build tasks with make-tasks")
-        from swe_megatron.tasks.factory.build import FactoryConfig, make_tasks
-
         print(
             f"run: {train_file} is missing; building tasks offline into {train_file.parent} (cached)",
             flush=True,

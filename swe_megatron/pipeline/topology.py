@@ -29,9 +29,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.vllm_server import VllmServer, die_with_parent, engine_model_dir
 from swe_megatron.launch import rendezvous
+from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.net import free_port, port_or_free, wait_healthy
 from swe_megatron.procfs import proc_stat
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
@@ -153,9 +155,6 @@ class Topology:
     def start_engines(self, model_dir: str, max_model_len: int) -> RoutedEngine:
         """An Engine over the vLLM server(s) serving model_dir (reused across stages): the rendezvous' engines,
         told to reload model_dir, or local servers started on it."""
-        from swe_megatron.agent.tokens import ChatFormat
-        from swe_megatron.model.tokenizer import load_tokenizer
-
         ecfg = self.cfg.engine
         self.chat = ChatFormat(load_tokenizer(self.cfg.model.tokenizer))
         eos = [self.chat.eos_id]

@@ -15,22 +15,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
+from swe_megatron.agent.tokens import ChatFormat
+from swe_megatron.config.load import load_config
+from swe_megatron.config.schema import EngineBackend
+from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
 from swe_megatron.errors import UsageError
+from swe_megatron.launch import rendezvous
+from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
+from swe_megatron.tasks.load import load_tasks_for_command
+from swe_megatron.trajectory import Trajectory
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    # Imported here: the CLI imports every command module to register it, and these load torch and transformers.
-    from contextlib import ExitStack
-
-    from swe_megatron.agent.tokens import ChatFormat
-    from swe_megatron.config.load import load_config
-    from swe_megatron.launch import rendezvous
-    from swe_megatron.model.tokenizer import load_tokenizer
-    from swe_megatron.rollout.routing import SandboxPool
+    # lazy: torch, transformers (rollout.setup); the CLI imports every command module at start
     from swe_megatron.rollout.setup import Rollouts
-    from swe_megatron.tasks.load import load_tasks_for_command
 
     cfg = load_config(args.config, args.overrides)
     rv_file = args.rendezvous or cfg.cluster.rendezvous
@@ -60,18 +62,14 @@ def _rollout(args: argparse.Namespace) -> int:
 
 
 def _engine(cfg, args, tasks, out: Path, stack, chat, rendezvous_engines=()):
-    from swe_megatron.config.schema import EngineBackend
-    from swe_megatron.rollout.routing import RoutedEngine
-
     if args.policy == "gold":
-        from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
-
         return ScriptedPolicy(chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
     if args.engine_url or rendezvous_engines:
         return RoutedEngine.vllm(
             args.engine_url or rendezvous_engines, "policy", cfg.sampling, [chat.eos_id],
             cfg.engine.request_timeout_s,
         )  # fmt: skip
+    # lazy: torch, transformers (engine.vllm_server, engine.hf)
     from swe_megatron.engine.vllm_server import engine_model_dir
 
     model_dir = str(engine_model_dir(cfg.model, out / "model", seed=cfg.seed))  # the trainer's config.json
@@ -116,8 +114,6 @@ def render_trajectory(traj, color: bool = False) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from swe_megatron.trajectory import Trajectory
-
     try:
         lines = [ln for ln in Path(args.file).read_text(encoding="utf-8").splitlines() if ln.strip()]
     except OSError as e:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from swe_megatron.engine.base import EngineError, Generation
+from swe_megatron.engine.vllm import VllmEngine
 from swe_megatron.errors import UsageError
 from swe_megatron.net import http_health
 from swe_megatron.sandbox.base import ExecResult, NoFreeSlot, SandboxError, SandboxSpec, slot_reserve
@@ -408,8 +409,6 @@ class RoutedEngine:
         probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> RoutedEngine:
         """One VllmEngine per server URL."""
-        from swe_megatron.engine.vllm import VllmEngine
-
         urls = [u.rstrip("/") for u in urls]
         engines = [VllmEngine(u, model, sampling, stop_token_ids, timeout_s) for u in urls]
         return cls(engines, urls, lambda i: http_health(urls[i], probe_timeout_s))

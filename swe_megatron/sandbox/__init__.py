@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 
+from swe_megatron.config import ConfigError
 from swe_megatron.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxSpec
 
 BACKENDS = {
@@ -26,8 +27,6 @@ def backend_class(name) -> type:
     """The class registered for a backend name (a str or the SandboxBackend enum)."""
     key = getattr(name, "value", name)
     if key not in BACKENDS:
-        from swe_megatron.config import ConfigError
-
         raise ConfigError(f"sandbox.backend={key!r} is unknown; allowed: {', '.join(BACKENDS)}")
     module, _, cls = BACKENDS[key].rpartition(".")
     return getattr(importlib.import_module(module), cls)

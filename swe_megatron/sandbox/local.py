@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from swe_megatron.config import ConfigError
 from swe_megatron.sandbox.base import SandboxSpec
 from swe_megatron.sandbox.shell import ShellSandbox
 from swe_megatron.sandbox.users import SandboxUser, current_user
@@ -27,8 +28,6 @@ class LocalSandbox(ShellSandbox):
 
     def __init__(self, spec: SandboxSpec, cfg):
         if not cfg.allow_local:
-            from swe_megatron.config import ConfigError
-
             raise ConfigError(REFUSED)
         super().__init__(spec, cfg)
 

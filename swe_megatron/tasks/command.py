@@ -10,13 +10,11 @@ import argparse
 import sys
 
 from swe_megatron.errors import UsageError
-from swe_megatron.tasks.factory.pypi import DEFAULT_PACKAGES
+from swe_megatron.tasks.factory.build import FactoryConfig, make_tasks
+from swe_megatron.tasks.factory.pypi import DEFAULT_PACKAGES, PackageSpec
 
 
 def _make_tasks(args: argparse.Namespace) -> int:
-    from swe_megatron.tasks.factory.build import FactoryConfig, make_tasks
-    from swe_megatron.tasks.factory.pypi import PackageSpec
-
     try:
         packages = tuple(PackageSpec.parse(p) for p in args.package) if args.package else DEFAULT_PACKAGES
     except ValueError as e:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from swe_megatron.config.schema import ModelConfig
+from swe_megatron.model.hub import resolve_model_path
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -158,8 +159,6 @@ class HFCheckpoint(Mapping):
 
     def __init__(self, folder):
         import json
-
-        from swe_megatron.model.hub import resolve_model_path
 
         self.folder = resolve_model_path(folder)  # a folder, or a hub id in the local HF cache
         index = self.folder / "model.safetensors.index.json"
