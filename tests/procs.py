@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from swe_megatron.procfs import proc_stat
+
 
 def descendants(pid: int) -> set[int]:
     """Every live descendant of pid."""
@@ -21,10 +23,8 @@ def descendants(pid: int) -> set[int]:
 
 def alive(pid: int) -> bool:
     """Whether pid runs (a zombie does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    stat = proc_stat(pid)
+    return stat is not None and stat.state != "Z"
 
 
 def cmdline(pid: int) -> str:
