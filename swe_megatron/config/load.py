@@ -1,7 +1,8 @@
 """Load a run config: YAML presets composed with `_base_`, dotted overrides, typed and validated.
 
 A preset is a YAML file whose optional `_base_` list names other presets (paths relative to
-`configs/`, or to the file itself); they are merged in order, then the file, then the overrides.
+`configs/`, or to the file itself); they are merged in order, then the file, then the overrides
+(`key=value`, or `cluster=cpu-3x`: a fragment of configs/cluster/, model/ or stage/ merged in place).
 Every error a user can cause ends in one `ConfigError` naming the key and what is allowed.
 """
 
@@ -69,6 +70,25 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     return OmegaConf.merge(merged, OmegaConf.create(data))
 
 
+FRAGMENT_GROUPS = ("cluster", "model", "stage")
+"""Folders of configs/ whose fragments an override `GROUP=NAME` merges in place (e.g. cluster=cpu-3x)."""
+
+
+def _merge_fragment(cfg: DictConfig, group: str, name: str) -> DictConfig:
+    """cfg with configs/GROUP/NAME.yaml merged over it (like a Hydra config group); ConfigError naming the
+    fragments of that group when NAME is not one of them."""
+    path = CONFIGS_DIR / group / f"{name}.yaml"
+    if not name or "/" in name or not path.is_file():
+        known = ", ".join(sorted(p.stem for p in (CONFIGS_DIR / group).glob("*.yaml")))
+        raise ConfigError(
+            f"override {group}={name}: no fragment configs/{group}/{name}.yaml; one of: {known}"
+        )
+    try:
+        return OmegaConf.merge(cfg, _read_yaml(path, ()))
+    except OmegaConfBaseException as e:
+        raise _explain(e, str(path)) from None
+
+
 def _field_info(full_key: str) -> tuple[str, list[str]]:
     """The expected type of a dotted key, and the names allowed at its level (for messages)."""
     cls: Any = RunConfig
@@ -113,7 +133,9 @@ def _explain(e: OmegaConfBaseException, where: str) -> ConfigError:
 
 
 def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose a preset with `key=value` overrides into a typed, validated, read-only RunConfig."""
+    """Compose a preset with `key=value` overrides into a typed, validated, read-only RunConfig.
+
+    Overrides apply in order; `GROUP=NAME` with GROUP in FRAGMENT_GROUPS merges configs/GROUP/NAME.yaml there."""
     path = find_preset(config)
     schema = OmegaConf.structured(RunConfig)
     try:
@@ -124,6 +146,9 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Dic
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. stage1.t_max=20)")
         key, _, raw = item.partition("=")
+        if key.strip() in FRAGMENT_GROUPS:
+            cfg = _merge_fragment(cfg, key.strip(), raw.strip())
+            continue
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
             OmegaConf.update(cfg, key.strip(), value, merge=True, force_add=False)

