@@ -192,6 +192,8 @@ def trainer(run_dir: str, config: str, overrides: list[str], grace_s: float, env
     if env.rank == 0:
         stop_file.unlink(missing_ok=True)
     child_env = {**os.environ, **env.torch_env()}
+    print(f"trainer rank {env.rank} of {env.world_size} on {env.hostname} (master {child_env['MASTER_ADDR']})",
+          flush=True)  # fmt: skip
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the run learns of a stop through STOP_FILE or SIGTERM
     proc = subprocess.Popen([*_cli(), "run", config, *overrides], env=child_env)
     stop = {"at": None}

