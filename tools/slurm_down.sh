@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Stop the single-node Slurm cluster started by tools/slurm_up.sh.
+# Stop the Slurm cluster started by tools/slurm_up.sh (single- or multi-node).
 #
 # Stops exactly the daemons slurm_up.sh started, found by their PID files under the state dir
-# (slurmd, slurmctld, slurmdbd, MariaDB, munged, in that order): SIGTERM, wait up to 30 s each,
+# (every slurmd, slurmctld, slurmdbd, MariaDB, munged, in that order): SIGTERM, wait up to 30 s each,
 # then SIGKILL. A PID file whose process is gone (or is no longer that daemon) is just removed.
+# Then removes what a multi-node cluster made (tools/slurm_node.sh net 0): every process left in the
+# node namespaces (SIGKILL), the namespaces smnK, their veths, the bridge and the /etc/hosts block.
 # Idempotent: with nothing running it does nothing. Config, database and job state are kept,
 # so the next slurm_up.sh is a quick restart.
 #
@@ -19,9 +21,10 @@ log() { echo "slurm_down: $*"; }
 die() { echo "slurm_down: ERROR: $*" >&2; exit 1; }
 
 [[ $(id -u) == 0 ]] || die "must run as root (the daemons run as root); rerun with sudo"
-[[ -d $pids ]] || { log "nothing to stop (no $pids)"; exit 0; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mkdir -p "$pids"
 
-comm_of() { case $1 in mysqld) echo mariadbd ;; *) echo "$1" ;; esac; }
+comm_of() { case $1 in mysqld) echo mariadbd ;; slurmd-*) echo slurmd ;; *) echo "$1" ;; esac; }
 pid_of() { # name -> PID while our daemon is alive: /proc/PID/comm is its name and it is no zombie
   local f=$pids/$1.pid pid stat
   [[ -s $f ]] || return 1
@@ -34,7 +37,8 @@ pid_of() { # name -> PID while our daemon is alive: /proc/PID/comm is its name a
 }
 
 stopped=0
-for name in slurmd slurmctld slurmdbd mysqld munged; do
+slurmds=$(cd "$pids" && ls slurmd-*.pid 2>/dev/null | sed 's/\.pid$//' || true)
+for name in slurmd $slurmds slurmctld slurmdbd mysqld munged; do
   [[ -e $pids/$name.pid ]] || continue
   if ! pid=$(pid_of "$name"); then
     rm -f "$pids/$name.pid"
@@ -53,4 +57,4 @@ for name in slurmd slurmctld slurmdbd mysqld munged; do
   stopped=$((stopped + 1))
 done
 ((stopped)) || log "nothing was running"
-exit 0
+"$here/slurm_node.sh" net 0

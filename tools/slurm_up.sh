@@ -1,5 +1,15 @@
 #!/usr/bin/env bash
-# Bring up a real single-node Slurm cluster (with accounting) on this machine, without systemd.
+# Bring up a real Slurm cluster (with accounting) on this machine, without systemd.
+#
+# --nodes 1 (default): one compute node, the host itself (node name = the host's hostname).
+# --nodes N (N >= 2): N compute nodes smn1..smnN, each a slurmd in its own network namespace smnK
+#   (address 10.77.0.(10+K)/24 on the bridge smbr0, whose host end is 10.77.0.1) and its own UTS
+#   namespace (hostname smnK), so a job step on smnK sees hostname smnK and that address, and reaches
+#   the other nodes through their addresses. The names are in /etc/hosts (a marked block). slurmctld,
+#   slurmdbd, MariaDB and munged stay in the host namespace; slurmds reach slurmctld at 10.77.0.1.
+#   No forwarding to the outside: jobs see only the bridge (like offline compute nodes).
+#   Every node declares the machine's full CPUs and memory: oversubscribed on purpose (a test cluster).
+#   tools/slurm_node.sh kills ("loses") and revives one node.
 #
 # Installs the Debian packages if missing (slurm-wlm, slurmdbd, munge, mariadb-server), writes
 # /etc/slurm/{slurm,slurmdbd,gres}.conf, and starts munged, MariaDB (own datadir, 127.0.0.1 only),
@@ -10,7 +20,7 @@
 # daemons that died are started again; a changed config restarts the Slurm daemons.
 # Stop with tools/slurm_down.sh.
 #
-# Usage: tools/slurm_up.sh
+# Usage: tools/slurm_up.sh [--nodes N]
 # Environment:
 #   SWE_MEGATRON_SLURM_DIR        state dir (PID files, logs, DB, spool); default /var/lib/swe-megatron-slurm
 #   SWE_MEGATRON_SLURM_FAKE_GPUS  fake GPUs declared as gres gpu (/dev/fake_nvidiaN); default 2, 0 = none
@@ -23,12 +33,23 @@ fake_gpus=${SWE_MEGATRON_SLURM_FAKE_GPUS:-2}
 db_port=${SWE_MEGATRON_SLURM_DB_PORT:-3307}
 cluster=${SWE_MEGATRON_SLURM_CLUSTER:-swemegatron}
 conf_dir=/etc/slurm
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 pids=$state/pids
 logs=$state/log
 
 log() { echo "slurm_up: $*"; }
 die() { echo "slurm_up: ERROR: $*" >&2; exit 1; }
 now() { date +%s.%N; }
+
+nodes=1
+while (($#)); do
+  case $1 in
+    --nodes) nodes=${2:-} && shift 2 || die "--nodes needs a number, e.g. --nodes 3" ;;
+    --nodes=*) nodes=${1#--nodes=} && shift ;;
+    *) die "unknown argument '$1'; usage: tools/slurm_up.sh [--nodes N]" ;;
+  esac
+done
+[[ $nodes =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 64)) || die "--nodes $nodes: want a number from 1 to 64"
 
 [[ $(id -u) == 0 ]] || die "must run as root (it installs packages and starts system daemons); rerun with sudo"
 [[ $fake_gpus =~ ^[0-9]+$ ]] || die "SWE_MEGATRON_SLURM_FAKE_GPUS=$fake_gpus is not a number; use e.g. 2, or 0 for no fake GPUs"
@@ -75,7 +96,7 @@ chmod 755 "$state"
 # A PID counts as ours while /proc/PID/comm is the daemon's name and it is no zombie (guards against
 # PID reuse; comm, unlike /proc/PID/exe, stays readable while a daemon is shutting down).
 # ---------------------------------------------------------------------------------------------
-comm_of() { case $1 in mysqld) echo mariadbd ;; *) echo "$1" ;; esac; }
+comm_of() { case $1 in mysqld) echo mariadbd ;; slurmd-*) echo slurmd ;; *) echo "$1" ;; esac; }
 running() { # pid comm -> is that process alive (not a zombie) with that name
   local stat
   [[ $(cat "/proc/$1/comm" 2>/dev/null) == "$2" ]] || return 1
@@ -108,8 +129,11 @@ stop_daemon() {
   log "stopped $name (pid $pid)"
 }
 foreign_check() { # refuse to start a second copy next to one we did not start
-  local name=$1 proc=$2 others="" p
-  for p in $(pgrep -x "$proc" || true); do running "$p" "$proc" && others+=" $p"; done
+  local name=$1 proc=$2 others="" p ours
+  ours=" $(cat "$pids"/*.pid 2>/dev/null | tr '\n' ' ' || true) "
+  for p in $(pgrep -x "$proc" || true); do
+    [[ $ours == *" $p "* ]] || ! running "$p" "$proc" || others+=" $p"
+  done
   [[ -n $others ]] || return 0
   die "$proc is already running (pid${others}) but was not started by slurm_up.sh (no matching $pids/$1.pid). Stop it (kill${others}) and rerun."
 }
@@ -171,8 +195,27 @@ if ((fake_gpus > 0)); then
   done
   gres_node=" Gres=gpu:$fake_gpus"
   gres_types=$'GresTypes=gpu\nAccountingStorageTRES=gres/gpu' # sacct then shows AllocTRES gres/gpu=N
-  gres_conf+=$'\n'"NodeName=$host Name=gpu File=/dev/fake_nvidia[0-$((fake_gpus - 1))]"
 fi
+
+# One node (the host) or N namespaced nodes smn1..smnN (tools/slurm_node.sh makes their network).
+bridge_ip=10.77.0.1
+if ((nodes == 1)); then
+  node_names=("$host") node_list=$host ctl_host=$host acct_host=$host kind="single-node"
+  spool_dir=$state/slurmd slurmd_pid=$state/run/slurmd.pid slurmd_log=$logs/slurmd.log
+  node_lines="$node_hw$gres_node State=UNKNOWN"
+else
+  # slurmds (and job steps) reach slurmctld and slurmdbd at the bridge's host address.
+  node_list="smn[1-$nodes]" ctl_host="$host($bridge_ip)" acct_host=$bridge_ip kind="$nodes-node"
+  spool_dir=$state/slurmd/%n slurmd_pid=$state/run/slurmd-%n.pid slurmd_log=$logs/slurmd-%n.log
+  node_names=() node_lines=""
+  for ((k = 1; k <= nodes; k++)); do
+    node_names+=("smn$k")
+    # Each node declares the whole machine's CPUs and memory: oversubscribed on purpose (test cluster).
+    node_lines+="${node_hw/NodeName=* CPUs=/NodeName=smn$k NodeAddr=10.77.0.$((10 + k)) CPUs=}$gres_node State=UNKNOWN"$'\n'
+  done
+  node_lines=${node_lines%$'\n'}
+fi
+((fake_gpus > 0)) && gres_conf+=$'\n'"NodeName=$node_list Name=gpu File=/dev/fake_nvidia[0-$((fake_gpus - 1))]"
 
 db_pass_file=$state/db_password
 if [[ ! -s $db_pass_file ]]; then
@@ -180,9 +223,9 @@ if [[ ! -s $db_pass_file ]]; then
 fi
 db_pass=$(<"$db_pass_file")
 
-write_if_changed "$conf_dir/slurm.conf" 644 "# written by tools/slurm_up.sh: single-node test cluster, state in $state
+write_if_changed "$conf_dir/slurm.conf" 644 "# written by tools/slurm_up.sh: $kind test cluster, state in $state
 ClusterName=$cluster
-SlurmctldHost=$host
+SlurmctldHost=$ctl_host
 SlurmUser=root
 AuthType=auth/munge
 AuthInfo=cred_expire=10
@@ -205,20 +248,20 @@ MinJobAge=300
 SlurmdTimeout=60
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=$host
+AccountingStorageHost=$acct_host
 JobCompType=jobcomp/none
 MailProg=/bin/true
 $gres_types
 StateSaveLocation=$state/slurmctld
-SlurmdSpoolDir=$state/slurmd
+SlurmdSpoolDir=$spool_dir
 SlurmctldPidFile=$state/run/slurmctld.pid
-SlurmdPidFile=$state/run/slurmd.pid
+SlurmdPidFile=$slurmd_pid
 SlurmctldLogFile=$logs/slurmctld.log
-SlurmdLogFile=$logs/slurmd.log
+SlurmdLogFile=$slurmd_log
 SlurmctldDebug=info
 SlurmdDebug=info
-$node_hw$gres_node State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP"
+$node_lines
+PartitionName=debug Nodes=$node_list Default=YES MaxTime=INFINITE State=UP"
 write_if_changed "$conf_dir/gres.conf" 644 "$gres_conf"
 write_if_changed "$conf_dir/slurmdbd.conf" 600 "# written by tools/slurm_up.sh
 AuthType=auth/munge
@@ -234,12 +277,21 @@ StorageUser=slurm
 StoragePass=$db_pass
 StorageLoc=slurm_acct_db"
 
-if ((config_changed)) && { alive slurmd || alive slurmctld || alive slurmdbd; }; then
-  log "config changed: restarting the Slurm daemons"
-  stop_daemon slurmd
+slurmd_names() { # the slurmd PID-file names of this run's nodes (slurmd, or slurmd-smnK)
+  if ((nodes == 1)); then echo slurmd; else printf 'slurmd-%s\n' "${node_names[@]}"; fi
+}
+if ((config_changed)); then
+  for f in "$pids"/slurmd*.pid; do
+    [[ -e $f ]] || continue
+    f=${f##*/}
+    alive "${f%.pid}" && log "config changed: restarting the Slurm daemons"
+    stop_daemon "${f%.pid}"
+  done
   stop_daemon slurmctld
   stop_daemon slurmdbd
 fi
+"$here/slurm_node.sh" net "$nodes"
+echo "$nodes" >"$state/nodes.tmp" && mv -f "$state/nodes.tmp" "$state/nodes"
 
 started=0
 
@@ -315,36 +367,52 @@ if ! alive slurmctld; then
   started=1
   wait_for 30 slurmctld scontrol ping || { tail_log "$logs/slurmctld.out" "$logs/slurmctld.log"; die "slurmctld did not answer within 30 s (scontrol ping)"; }
 fi
-if ! alive slurmd; then
-  foreign_check slurmd slurmd
-  start_daemon slurmd "$(command -v slurmd)" -D
+for name in $(slurmd_names); do
+  alive "$name" && continue
+  foreign_check "$name" slurmd
+  if ((nodes == 1)); then
+    start_daemon slurmd "$(command -v slurmd)" -D
+  else
+    # The node's own network namespace (made by slurm_node.sh) and a new UTS namespace with its hostname.
+    # Not `ip netns exec`: that remounts /sys privately and hides /sys/fs/cgroup from the job steps.
+    n=${name#slurmd-}
+    start_daemon "$name" nsenter --net="/run/netns/$n" unshare --uts \
+      sh -c "hostname $n && exec $(command -v slurmd) -D -N $n"
+  fi
   started=1
-fi
+done
 
-node_state() { sinfo -h -n "$host" -o %T 2>/dev/null | head -n 1; }
-node_ready() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
+node_states() { sinfo -h -N -n "$node_list" -o %T 2>/dev/null; }
+nodes_ready() { # every node of the partition in a ready state
+  local st ready=0
+  for st in $(node_states); do
+    [[ $st =~ ^(idle|mixed|allocated|completing)$ ]] || return 1
+    ready=$((ready + 1))
+  done
+  ((ready == nodes))
+}
+slurmds_alive() { local name; for name in $(slurmd_names); do alive "$name" || return 1; done; }
 resumed=0
 for ((i = 0; i < 150; i++)); do
-  node_ready && break
-  ((i < 5)) || alive slurmd || break
-  st=$(node_state)
+  nodes_ready && break
+  ((i < 5)) || slurmds_alive || break
   # A node left down/drained by an earlier run (e.g. "Not responding") is brought back once.
-  if ((!resumed && i >= 15)) && [[ $st =~ ^(down|drain|drained|draining) ]]; then
-    scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true
+  if ((!resumed && i >= 15)) && [[ $(node_states) =~ (down|drain) ]]; then
+    scontrol update nodename="$node_list" state=resume >/dev/null 2>&1 || true
     resumed=1
   fi
   sleep 0.2
 done
-node_ready || {
-  tail_log "$logs/slurmd.out" "$logs/slurmd.log" "$logs/slurmctld.log"
-  die "node $host is '$(node_state)' (want idle) after 30 s; reason: $(sinfo -h -n "$host" -o %E 2>/dev/null)"
+nodes_ready || {
+  tail_log "$logs"/slurmd*.out "$logs"/slurmd*.log "$logs/slurmctld.log"
+  die "nodes $node_list are '$(node_states | tr '\n' ' ')' (want idle) after 30 s; reasons: $(sinfo -h -N -n "$node_list" -o '%n:%E' 2>/dev/null | tr '\n' ' ')"
 }
 wait_for 30 slurmdbd sacct -n -X -S now-1minutes -o JobID || die "sacct does not answer (accounting broken); see $logs/slurmdbd.log and $logs/slurmctld.log"
 
 elapsed=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')
 if ((started)); then
-  log "cluster $cluster up: node $host $(node_state), partition debug, $fake_gpus fake GPU(s); start took $elapsed s"
+  log "cluster $cluster up: $nodes node(s) $node_list idle, partition debug, $fake_gpus fake GPU(s) each; start took $elapsed s"
 else
-  log "already up (nothing to do): node $host $(node_state); check took $elapsed s"
+  log "already up (nothing to do): $nodes node(s) $node_list idle; check took $elapsed s"
 fi
 log "state, logs and PID files in $state"

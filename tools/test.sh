@@ -11,7 +11,7 @@ cd "$root"
 tools/install_cpu.sh
 if [[ $(id -u) == 0 ]]; then
   tools/sandbox_setup.sh
-  tools/slurm_up.sh
+  tools/slurm_up.sh --nodes 3
 else
   echo "test.sh: not root: sandbox and slurm tests will skip unless set up already (run tools/sandbox_setup.sh and tools/slurm_up.sh as root)" >&2
 fi
