@@ -324,9 +324,18 @@ class EngineConfig:
     request_timeout_s: float = 600.0
     """Per-request timeout; a timeout is an infrastructure failure."""
     weight_sync: str = "file"
-    """How trainer weights reach the servers each iteration: "file" (sharded HF safetensors export that the
-    servers reload; CPU and GPU) or "nccl" (GPU: trainer rank 0 broadcasts the tensors straight into the
-    servers' workers, which need `--worker-extension-cls swe_megatron.engine.weight_receiver.WeightReceiver`)."""
+    """How trainer weights reach the servers each iteration: "file" (sharded HF safetensors export on a
+    shared filesystem that the servers reload) or "broadcast" (trainer rank 0 broadcasts buckets straight
+    into the servers' workers, NCCL on GPU, gloo on CPU; the servers start with `--worker-extension-cls
+    swe_megatron.engine.weight_receiver.WeightReceiver`). Either way each checkpoint keeps its HF export."""
+    weight_sync_bucket_mb: float = 512.0
+    """broadcast: MiB of one flat buffer (consecutive tensors of one dtype; a larger tensor goes alone)."""
+    weight_sync_port: int = 29650
+    """broadcast: port of the TCPStore on trainer rank 0's node where each sync's group meets (taken or 0:
+    any free port)."""
+    weight_sync_timeout_s: float = 600.0
+    """broadcast: the longest one wait of a sync may take (joining, a transfer, a server's reply); a server
+    that dies mid-sync fails the sync with one error after at most this."""
 
 
 @dataclass

@@ -266,8 +266,16 @@ def _sandbox_engine_problems(cfg: Any) -> list[str]:
             "or set sandbox.allow_local=true for development"
         )
     out += sandbox_problems(cfg.sandbox)
-    if cfg.engine.weight_sync not in ("file", "nccl"):
-        out.append(f"engine.weight_sync={cfg.engine.weight_sync!r} is invalid; allowed: file, nccl")
+    e = cfg.engine
+    if e.weight_sync not in ("file", "broadcast"):
+        out.append(f"engine.weight_sync={e.weight_sync!r} is invalid; allowed: file, broadcast")
+    for key in ("weight_sync_bucket_mb", "weight_sync_timeout_s"):
+        if not 0 < getattr(e, key) < math.inf:
+            out.append(f"engine.{key}={getattr(e, key)} is invalid; allowed: > 0 (finite)")
+    if not 0 <= e.weight_sync_port <= 65535:
+        out.append(
+            f"engine.weight_sync_port={e.weight_sync_port} is invalid; allowed: 0 (any free port) .. 65535"
+        )
     return out
 
 

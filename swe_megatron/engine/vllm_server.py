@@ -49,7 +49,7 @@ def server_command(
         cmd.append("--enforce-eager")
     if _has_gpu():
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
-    if cfg.weight_sync == "nccl":
+    if cfg.weight_sync == "broadcast":
         cmd += ["--worker-extension-cls", WORKER_EXTENSION]
     return cmd
 

@@ -12,6 +12,7 @@ leaving the file for the launcher (which removes it when it starts the next atte
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from swe_megatron.model.hf_config import check_matches_hf
@@ -114,10 +115,9 @@ def _run(cfg, world: spmd.World) -> int:
     topology = world.on_driver(
         Topology, cfg, run_dir.root / "topology", run_dir.config_path, default=NullTopology()
     )
-    with topology as topo:
-        ctx = Context(
-            cfg, run_dir, topo, monitor, train, tokenizer_files, world=world, weight_sync=weight_sync
-        )
+    sync = weight_sync.for_run(cfg.engine, tokenizer_files)
+    with topology as topo, contextlib.closing(sync):
+        ctx = Context(cfg, run_dir, topo, monitor, train, tokenizer_files, world=world, weight_sync=sync)
         try:
             initial_policy(ctx)
             _check_stop(ctx)

@@ -79,8 +79,8 @@ class Context:
     """The live task pool."""
     world: World = field(default_factory=World)
     """The trainer ranks."""
-    weight_sync: type[WeightSync] = FileWeightSync
-    """How updates reach the engines (pipeline_method(engine.weight_sync), chosen at run start)."""
+    weight_sync: WeightSync = field(default_factory=FileWeightSync)
+    """How updates reach the engines (pipeline_method(engine.weight_sync).for_run, built at run start)."""
     rollouts: Rollouts | None = None
     """The run's rollout entry point (rank 0, once the servers run)."""
 
@@ -139,6 +139,9 @@ def _commit(ctx: Context, unit: str, ckpt: dict | None, finish=None, train_step:
     (so all ranks agree on which units are done; the broadcast is also the barrier after the unit)."""
 
     def commit() -> dict:
+        if ckpt is not None:  # the unit's weight sync (SyncReport.metrics)
+            sync = {k.split("/", 1)[1]: v for k, v in ckpt.items() if k.startswith("weight_sync/")}
+            ctx.monitor.scalars("weight_sync", sync, ctx.run.step)
         if finish is not None:
             finish()
         ctx.run.commit(unit, ckpt, train_step=train_step)
@@ -148,12 +151,17 @@ def _commit(ctx: Context, unit: str, ckpt: dict | None, finish=None, train_step:
 
 
 def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict) -> dict:
-    """Export into the unit's checkpoint, reload the engines from it, save the trainer state."""
+    """Bring the engines to the new weights, write the unit's checkpoint (its HF export, which resume, the next
+    stage's trainer and engines started later use, and the trainer state)."""
     ckpt = ctx.world.lead(ctx.run.checkpoint_dir, unit)  # rank 0 wipes a leftover before anyone writes
+    sync, hf = ctx.weight_sync, str(ckpt / "hf")
     t = time.perf_counter()
-    report = ctx.weight_sync(ctx.trainer, ctx.topo.engine, ctx.tokenizer_files).sync(str(ckpt / "hf"))
+    report = sync.sync(ctx.trainer, ctx.topo.engine, hf if sync.reads_export else None)
     timings["weight_sync_s"] = time.perf_counter() - t
     t = time.perf_counter()
+    # With broadcast the engines never read this export: it is the checkpoint's alone.
+    if not sync.reads_export:
+        ctx.trainer.export(hf, extra_files=ctx.tokenizer_files, name_tied_lm_head=True)
     ctx.trainer.save(str(ckpt / "dist"))
     timings["checkpoint_s"] = time.perf_counter() - t
     return {

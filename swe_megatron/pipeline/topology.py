@@ -9,8 +9,9 @@ not reach).
 
 In a Slurm job (cfg.cluster.rendezvous set, see launch/rendezvous.py) it starts no server: it connects to every
 sandbox server and every engine the rendezvous lists, owns none of their processes (the job steps do), and
-closes only its own sessions. Engines listed there reload the run's current weights from the shared filesystem
-when connected and after every update (train/weight_sync.py). A rendezvous without engines (cluster.engine_nodes
+closes only its own sessions. Engines listed there reload the run's current weights (the last checkpoint's HF
+export) from the shared filesystem when connected, as local engines start from it; after every update they
+get the weights as engine.weight_sync says (train/weight_sync.py: reload of the export, or broadcast). A rendezvous without engines (cluster.engine_nodes
 = 0) leaves the engines to this process, as locally. Episodes are spread over the servers and dead servers are
 taken out of rotation by rollout/routing.py.
 

