@@ -232,19 +232,12 @@ class BroadcastWeightSync(WeightSync):
                 f"engine.weight_sync=broadcast writes no export: got a folder ({out_dir}), pass None"
             )
         start = time.perf_counter()
-        # Replicas beyond the first data/context-parallel copy hold the same weights: they stay out.
-        streams = ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
         report = SyncReport("broadcast", 0.0, 0.0, 0)
         if _global_rank() == 0:
             report = self._send(trainer, engine)
-        elif streams:
-            stage_sender = ps.get_tensor_model_parallel_rank() == 0
-            for name, tensor in _local_tensors(trainer):
-                if stage_sender:
-                    dist.send_object_list([(name, tensor.dtype, list(tensor.shape))], dst=0)
-                    dist.send(tensor.contiguous(), dst=0)
-            if stage_sender:
-                dist.send_object_list([None], dst=0)
+        # Replicas beyond the first data/context-parallel copy hold the same weights: they stay out.
+        elif ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
+            _stage_to_rank0(trainer, ps.get_tensor_model_parallel_rank() == 0)
         if dist.is_initialized():  # the others wait for rank 0's broadcast to the servers on the driver group
             dist.barrier(group=trainer.wait_group)
         report.reload_s = time.perf_counter() - start
@@ -329,6 +322,17 @@ def _local_tensors(trainer):
         yield name, tensor
         if name == "model.embed_tokens.weight" and trainer.model_cfg.tie_word_embeddings:
             yield "lm_head.weight", tensor  # name the tied head too (see export_hf's name_tied_lm_head)
+
+
+def _stage_to_rank0(trainer, sender: bool) -> None:
+    """A rank of a later pipeline stage: take part in its TP group's gathers; the stage's first rank (sender)
+    sends each tensor's (name, dtype, shape) and data to global rank 0, then None."""
+    for name, tensor in _local_tensors(trainer):
+        if sender:
+            dist.send_object_list([(name, tensor.dtype, list(tensor.shape))], dst=0)
+            dist.send(tensor.contiguous(), dst=0)
+    if sender:
+        dist.send_object_list([None], dst=0)
 
 
 def _stream_to_rank0(trainer, device):

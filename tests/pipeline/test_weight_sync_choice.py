@@ -58,19 +58,23 @@ def test_the_engines_reach_trainer_rank_0_by_its_node_name_in_a_slurm_job(monkey
 @pytest.mark.e2e
 @pytest.mark.sandbox
 def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp_path):
-    """stage1 x 2 + eval with engine.weight_sync=broadcast and 64 KiB buckets (many buckets, oversize tensors).
+    """The scripted warm start, rft x 1, stage1 x 2 and eval with engine.weight_sync=broadcast and 64 KiB buckets
+    (many buckets, oversize tensors).
 
-    After update 0 the engine generates stage1:1's rollouts: the trainer's logprob-mismatch metric compares them.
-    After the last update (stage1:1) the engine generates eval's trajectories: their engine logprobs are
-    compared with the final checkpoint's weights (the trainer's HF export) under transformers.
+    Each DAPO unit's rollouts come from the engine after the previous unit's broadcast, and the trainer's
+    logprob-mismatch metric compares them with its own (stage1:0 follows the warm start's large SFT update: an
+    engine left on the initial weights is far off). After the last update (stage1:1) the engine generates
+    eval's trajectories: their engine logprobs are compared with the final checkpoint's weights (the trainer's
+    HF export) under transformers.
     """
     tasks = tmp_path / "tasks"
     make_task_files(tasks, n_train=2, n_test=1)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "swe_megatron.cli", "run", "embedded", f"run_dir={run_dir}",
            f"tasks.train_file={tasks / 'train.jsonl'}", f"tasks.test_file={tasks / 'test.jsonl'}",
-           "schedule=[stage1,eval]", "stage1.iterations=2", "stage1.tasks_per_iteration=2",
-           "stage1.samples_per_task=2", "stage1.t_max=4", "eval.t_max=4", "eval.runs=1", "eval.k=[1]",
+           "schedule=[rft,stage1,eval]", "rft.warm_start_epochs=2", "rft.warm_start_decoys=1",
+           "rft.tasks_per_iteration=2", "rft.samples_per_task=1", "rft.t_max=4", "stage1.iterations=2",
+           "stage1.tasks_per_iteration=2", "stage1.samples_per_task=2", "stage1.t_max=4", "eval.t_max=4", "eval.runs=1", "eval.k=[1]",
            "eval.max_tasks=1", "sampling.max_tokens_per_turn=32", "monitor.progress=false",
            "algo.drop_zero_advantage=false", "stage1.optim.lr=3e-2",
            "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
@@ -79,7 +83,7 @@ def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     state = json.loads((run_dir / "state.json").read_text())
-    assert state["done"] == ["init", "stage1:0", "stage1:1", "eval"]
+    assert state["done"] == ["init", "rft:warm_start", "rft:0", "stage1:0", "stage1:1", "eval"]
     assert state["checkpoint"]["weight_sync/method_broadcast"] == 1.0
 
     from swe_megatron.monitor import read_scalars
@@ -91,12 +95,12 @@ def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp
         "weight_sync/gib",
         "weight_sync/buckets",
     ):
-        assert {s for s, _ in scalars[tag]} == {0, 1}, tag
+        assert {s for s, _ in scalars[tag]} == {0, 1, 2, 3}, tag
     assert all(v == 1.0 for _, v in scalars["weight_sync/method_broadcast"])
     assert all(v > 1 for _, v in scalars["weight_sync/buckets"]), scalars["weight_sync/buckets"]
-    # stage1:1's rollouts came from the engine after update 0's broadcast.
-    (mismatch,) = [v for s, v in scalars["train/logprob_mismatch_abs_mean"] if s == 1]
-    assert mismatch < 1e-3, scalars["train/logprob_mismatch_abs_mean"]
+    # stage1:0's and stage1:1's rollouts came from the engine after the previous unit's broadcast.
+    mismatch = scalars["train/logprob_mismatch_abs_mean"]
+    assert {s for s, _ in mismatch} == {2, 3} and all(v < 1e-3 for _, v in mismatch), mismatch
 
     # eval's rollouts came from the engine after the last broadcast: engine logprobs == the final weights'.
     from transformers import AutoModelForCausalLM
@@ -113,6 +117,6 @@ def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp
         for i in range(1, len(t["token_ids"])):
             if t["action_mask"][i]:
                 worst, compared = max(worst, abs(lp[i - 1].item() - t["logprobs"][i])), compared + 1
-    print(f"\nbroadcast run: mismatch after update 0 {mismatch:.2e}; eval vs final weights max {worst:.2e} "
+    print(f"\nbroadcast run: mismatch {mismatch}; eval vs final weights max {worst:.2e} "
           f"over {compared} tokens")  # fmt: skip
     assert compared > 0 and worst < 1e-3

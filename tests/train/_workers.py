@@ -264,3 +264,18 @@ def sync_with_slow_reload(rank, model_cfg, out: str, port: int, collective_timeo
     report = FileWeightSync().sync(trainer, engine, out)
     trainer.save(f"{out}-dist")
     return {"reloaded": engine.reloaded if engine else None, "reload_s": report.reload_s}
+
+
+def broadcast_stream(rank, model_cfg, par: ParallelConfig, hf_state) -> dict | None:
+    """What global rank 0 would broadcast (every HF tensor, gathered over TP and PP), as {name: tensor}."""
+    from megatron.core import parallel_state as ps
+
+    from swe_megatron.train.step import Trainer
+    from swe_megatron.train.weight_sync import _stage_to_rank0, _stream_to_rank0
+
+    parallel.init_model_parallel(par, seed=1)
+    trainer = Trainer(model_cfg, par, OPTIM, total_steps=1, hf_state=hf_state)
+    if rank == 0:
+        return dict(_stream_to_rank0(trainer, torch.device("cpu")))
+    _stage_to_rank0(trainer, ps.get_tensor_model_parallel_rank() == 0)
+    return None

@@ -165,3 +165,21 @@ def _hf_tensors(trainer):
     from swe_megatron.train.weight_sync import _local_tensors
 
     return list(_local_tensors(trainer))
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 2), (2, 1)])
+def test_rank_0_streams_every_tensor_of_every_stage(tmp_path, tp, pp):
+    """Over 2 gloo ranks, what rank 0 broadcasts (its stage's tensors, then the later stages' sent to it, each
+    gathered over TP) is the HF model, every tensor once, in full."""
+    from swe_megatron.model.hf_config import model_config_from_hf
+
+    from ._workers import broadcast_stream, run_ranks, tiny_hf
+
+    hf = tiny_hf()
+    par = ParallelConfig(tensor_parallel=tp, pipeline_parallel=pp)
+    got, other = run_ranks(
+        broadcast_stream, 2, tmp_path, model_config_from_hf(hf.config), par, hf.state_dict()
+    )
+    want = hf.state_dict()
+    assert other is None and sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
