@@ -10,6 +10,7 @@ Run: tools/slurm_up.sh --nodes 3 && .venv/bin/python -m pytest tests/test_slurm_
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,11 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 pytestmark = pytest.mark.slurm
 
 PARTITION = "debug"
-JOB_TIMEOUT_S = 60
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("SWE_MEGATRON_SLURM_DIR", "/var/lib/swe-megatron-slurm"))
+JOB_TIMEOUT_S = 300  # submit to finish: each job runs in seconds but may queue behind others
 READY_STATES = {"idle", "mixed", "allocated", "completing"}
 SMALL = ["--cpus-per-task=1", "--mem=256M", "--time=2", f"--partition={PARTITION}"]
 
@@ -146,3 +150,29 @@ wait
     assert client["answer"] == server_node  # reached the server on the other node through its name
     assert client["loopback"] == "ConnectionRefusedError"  # 127.0.0.1 is the client node's own
     assert (tmp_path / "server.out").read_text().split() == ["peer", nodes[client_node]]
+
+
+def test_lost_node_is_killed_whole_and_revived(tmp_path: Path, nodes: dict[str, str]) -> None:
+    """tools/slurm_node.sh kill leaves no process of the node (slurmd, job steps); revive runs jobs there again."""
+    if os.geteuid() != 0:
+        pytest.skip("tools/slurm_node.sh needs root")
+    free = [n for n in sorted(nodes) if not _run(["squeue", "-h", "-w", n, "-o", "%i"]).stdout.strip()]
+    if not free:
+        pytest.skip("every node runs someone's job; killing one would break it")
+    node, pid_file = free[-1], tmp_path / "step.pid"
+    job_id = _run(["sbatch", "--parsable", f"--nodelist={node}", "--nodes=1", *SMALL,
+                   "--wrap", f'srun sh -c "echo \\$\\$ > {pid_file}; exec sleep 120"']).stdout.strip()  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        step_pid = int(pid_file.read_text())
+        slurmd_pid = int((STATE / "pids" / f"slurmd-{node}.pid").read_text())
+        assert alive(step_pid) and alive(slurmd_pid)
+        _run([str(REPO / "tools/slurm_node.sh"), "kill", node])
+        assert not alive(step_pid) and not alive(slurmd_pid)
+    finally:
+        _run(["scancel", job_id], check=False)
+    _run([str(REPO / "tools/slurm_node.sh"), "revive", node], timeout=60)
+    out = _run(["srun", f"--nodelist={node}", *SMALL, "hostname"], timeout=60)
+    assert out.stdout.strip() == node
