@@ -334,8 +334,8 @@ class EngineConfig:
     """broadcast: port of the TCPStore on trainer rank 0's node where each sync's group meets (taken or 0:
     any free port)."""
     weight_sync_timeout_s: float = 600.0
-    """broadcast: the longest one wait of a sync may take (joining, a transfer, a server's reply); a server
-    that dies mid-sync fails the sync with one error after at most this."""
+    """broadcast: the longest one sync may take on a server (its RPC: join, receive, load) and any wait in it;
+    a server that dies or hangs mid-sync fails the sync with one error after at most this."""
 
 
 @dataclass

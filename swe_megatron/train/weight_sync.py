@@ -186,8 +186,8 @@ class BroadcastWeightSync(WeightSync):
 
     workers_per_server: vLLM workers in each server (its tensor x pipeline parallel size); master_addr: an
     address of trainer rank 0 the engine nodes reach (`master_address()`); port: the TCPStore's port
-    (EngineConfig.weight_sync_port; taken or 0: any free one); timeout_s: the longest any wait of a sync may
-    take (joining, a transfer, a server's reply); bucket_bytes: the flat buffer's size.
+    (EngineConfig.weight_sync_port; taken or 0: any free one); timeout_s: the longest a sync may take on a
+    server (its RPC) and any wait in it; bucket_bytes: the flat buffer's size.
     """
 
     def __init__(
