@@ -22,7 +22,6 @@ die() { echo "slurm_down: ERROR: $*" >&2; exit 1; }
 
 [[ $(id -u) == 0 ]] || die "must run as root (the daemons run as root); rerun with sudo"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-mkdir -p "$pids"
 
 comm_of() { case $1 in mysqld) echo mariadbd ;; slurmd-*) echo slurmd ;; *) echo "$1" ;; esac; }
 pid_of() { # name -> PID while our daemon is alive: /proc/PID/comm is its name and it is no zombie
@@ -37,7 +36,7 @@ pid_of() { # name -> PID while our daemon is alive: /proc/PID/comm is its name a
 }
 
 stopped=0
-slurmds=$(cd "$pids" && ls slurmd-*.pid 2>/dev/null | sed 's/\.pid$//' || true)
+slurmds=$(cd "$pids" 2>/dev/null && ls slurmd-*.pid 2>/dev/null | sed 's/\.pid$//' || true)
 for name in slurmd $slurmds slurmctld slurmdbd mysqld munged; do
   [[ -e $pids/$name.pid ]] || continue
   if ! pid=$(pid_of "$name"); then

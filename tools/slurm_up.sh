@@ -281,14 +281,11 @@ slurmd_names() { # the slurmd PID-file names of this run's nodes (slurmd, or slu
   if ((nodes == 1)); then echo slurmd; else printf 'slurmd-%s\n' "${node_names[@]}"; fi
 }
 if ((config_changed)); then
-  for f in "$pids"/slurmd*.pid; do
-    [[ -e $f ]] || continue
-    f=${f##*/}
-    alive "${f%.pid}" && log "config changed: restarting the Slurm daemons"
-    stop_daemon "${f%.pid}"
+  old_slurmds=$(cd "$pids" && ls slurmd*.pid 2>/dev/null | sed 's/\.pid$//' || true)
+  for name in $old_slurmds slurmctld slurmdbd; do
+    alive "$name" && log "config changed: restarting the Slurm daemons" && break
   done
-  stop_daemon slurmctld
-  stop_daemon slurmdbd
+  for name in $old_slurmds slurmctld slurmdbd; do stop_daemon "$name"; done
 fi
 "$here/slurm_node.sh" net "$nodes"
 echo "$nodes" >"$state/nodes.tmp" && mv -f "$state/nodes.tmp" "$state/nodes"
