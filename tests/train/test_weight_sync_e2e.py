@@ -6,7 +6,8 @@ server's prompt logprobs of a fixed token sequence are compared with the trainer
 Then an optimiser step changes the weights, `FileWeightSync` exports and reloads them into the running
 server, and the comparison is repeated; then two more steps, each followed by a `BroadcastWeightSync` (gloo
 here: the server runs the `WeightReceiver` worker extension) with 64 KiB buckets, so that several buckets of
-small tensors and oversize tensors that go alone (the 37 MiB embedding) are sent. Last, the server is killed
+small tensors and oversize tensors that go alone (the 37 MiB embedding) are sent; the second sync's engine
+also lists a server that is not running, which is dropped and left out of the group. Last, the server is killed
 in the middle of a sync: the sync fails with one error naming it, within the configured timeout.
 """
 
@@ -65,6 +66,7 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
     from swe_megatron.engine.vllm import VllmEngine
     from swe_megatron.engine.vllm_server import VllmServer
     from swe_megatron.model.tokenizer import save_tokenizer
+    from swe_megatron.rollout.routing import RoutedEngine
     from swe_megatron.train import parallel
     from swe_megatron.train.step import LossSpec, Trainer
     from swe_megatron.train.weight_sync import BroadcastWeightSync, FileWeightSync, buckets
@@ -106,12 +108,16 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
         report = FileWeightSync(extra).sync(trainer, engine, str(tmp_path / "sync"))
         after = [(new - _server_logprobs(srv.url, ids.tolist())).abs().max().item()]
 
+        # A fresh group per sync, on the one store; the second sync's engine also lists a server that is not
+        # there: it is dropped from rotation and left out of the group, the live one gets the weights.
+        dead = f"http://127.0.0.1:{parallel.free_port()}"
+        routed = RoutedEngine.vllm([srv.url, dead], "policy", SamplingConfig(), [151645])
         reports = []
-        for _ in range(2):  # a fresh group per sync, on the one store
+        for target in (engine, routed):
             trainer.train_step(pack([sample], 4096), LossSpec("sft"))
             newer = _trainer_logprobs(trainer, sample)
             moved.append((newer - new).abs().max().item())
-            reports.append(broadcast.sync(trainer, engine))
+            reports.append(broadcast.sync(trainer, target))
             after.append((newer - _server_logprobs(srv.url, ids.tolist())).abs().max().item())
             new = newer
 
@@ -159,6 +165,7 @@ def test_trainer_matches_vllm_before_and_after_weight_syncs(megatron_world, tmp_
         assert r.buckets == len(expected) and 3 <= r.buckets < len(sizes)
     assert any(n > bucket for n in sizes) and any(len(b) > 1 for b in expected)
     assert srv.url in str(failed.value) and cut_after < 30 + 15
+    assert routed.urls == [srv.url] and dead in routed.rotation.names
 
 
 def _hf_tensors(trainer):
