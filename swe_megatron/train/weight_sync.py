@@ -21,9 +21,7 @@ Both return a `SyncReport` (export / transfer and reload seconds, bytes) for the
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -38,6 +36,7 @@ from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.vllm import post_json, reset_prefix_cache
 from swe_megatron.engine.weight_receiver import broadcast, close_group, new_group, send_header
 from swe_megatron.errors import UsageError
+from swe_megatron.launch.slurm_env import SlurmEnv
 from swe_megatron.net import port_or_free
 from swe_megatron.rollout.routing import check_servers
 from swe_megatron.train.hf_convert import iter_hf_of_stage
@@ -138,11 +137,10 @@ def _global_rank() -> int:
 
 
 def master_address() -> str:
-    """An address of this node (trainer rank 0's) that the engine nodes reach: in a Slurm job the node's
-    name (SLURMD_NODENAME, else the host name), locally 127.0.0.1."""
-    if os.environ.get("SLURM_JOB_ID"):
-        return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    return "127.0.0.1"
+    """An address of this node (trainer rank 0's) that the engine nodes reach: in a Slurm job the node's name
+    (as the engine steps publish theirs), locally 127.0.0.1."""
+    job = SlurmEnv.detect()
+    return job.hostname if job is not None else "127.0.0.1"
 
 
 def _rpc(url: str, method: str, kwargs: dict, timeout_s: float):
