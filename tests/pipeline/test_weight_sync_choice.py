@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,10 @@ def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp
     """The scripted warm start, rft x 1, stage1 x 2 and eval with engine.weight_sync=broadcast and 64 KiB buckets
     (many buckets, oversize tensors).
 
-    Each DAPO unit's rollouts come from the engine after the previous unit's broadcast, and the trainer's
-    logprob-mismatch metric compares them with its own (stage1:0 follows the warm start's large SFT update: an
-    engine left on the initial weights is far off). After the last update (stage1:1) the engine generates
+    Each DAPO unit's rollouts come from the engine after the previous unit's update, and the trainer's
+    logprob-mismatch metric compares them with its own: stage1:0 follows the warm start's large SFT update
+    (broadcast; an engine left on the initial weights is 0.065 off); the run then stops and resumes, and
+    stage1:1's engine started from stage1:0's checkpoint export, which the broadcast method must still write. After the last update (stage1:1) the engine generates
     eval's trajectories: their engine logprobs are compared with the final checkpoint's weights (the trainer's
     HF export) under transformers.
     """
@@ -80,6 +82,20 @@ def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp
            "algo.drop_zero_advantage=false", "stage1.optim.lr=3e-2",
            "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # Stop after stage1:0 (RUN_DIR/STOP once rft:0 is committed), then resume: the new engines start from the
+    # last checkpoint's HF export, which the broadcast method must still write.
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        state_file = run_dir / "state.json"
+        deadline = time.monotonic() + 1500
+        while first.poll() is None and time.monotonic() < deadline:
+            if state_file.exists() and "rft:0" in json.loads(state_file.read_text())["done"]:
+                (run_dir / "STOP").touch()
+                break
+            time.sleep(0.2)
+        assert first.wait(timeout=1500) == 75, (tmp_path / "first.log").read_text()[-4000:]
+    assert json.loads(state_file.read_text())["done"] == ["init", "rft:warm_start", "rft:0", "stage1:0"]
+    (run_dir / "STOP").unlink()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
