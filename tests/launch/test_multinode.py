@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 SBATCH_3X = ["--nodes=3", "--gpus-per-node=0", "--cpus-per-task=2", "--mem=4G", "--time=30", "--oversubscribe",
              f"--partition={PARTITION}"]  # fmt: skip
 # Train on every batch (the tiny random policy's rewards are mostly all-0 groups), so the weights change.
-THREE_NODES = ["cluster=cpu-3x", "engine.weight_sync=file", "algo.drop_zero_advantage=false"]
+THREE_NODES = ["cluster=cpu-3x", "algo.drop_zero_advantage=false"]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 
 
@@ -102,9 +102,11 @@ def test_stage2_on_three_nodes_runs_each_role_on_its_node(nodes, tasks, short_di
     trainer_nodes, engine_node = hosts[:2], hosts[2]
 
     # Where each role ran, from the job's own logs and its rendezvous.
-    ranks = dict(re.findall(r"trainer rank (\d) of 2 on (\S+) \(master (\S+)\)", text))
-    assert ranks == {"0": trainer_nodes[0], "1": trainer_nodes[1]}, text[-3000:]
-    assert re.search(rf"on \S+ \(master {trainer_nodes[0]}\)", text)
+    ranks = {
+        r: (host, master)
+        for r, host, master in re.findall(r"trainer rank (\d) of 2 on (\S+) \(master (\S+)\)", text)
+    }
+    assert ranks == {str(r): (trainer_nodes[r], trainer_nodes[0]) for r in (0, 1)}, text[-3000:]
     rv = _rendezvous(run_dir, job)
     assert sorted(_host(u) for u in rv["sandbox_servers"]) == sorted(hosts), rv
     assert [_host(u) for u in rv["engines"]] == [engine_node], rv
@@ -122,7 +124,8 @@ def test_stage2_on_three_nodes_runs_each_role_on_its_node(nodes, tasks, short_di
     sc = _scalars(run_dir)
     mismatch = sc["train/logprob_mismatch_abs_max"]
     assert len(mismatch) == 2 and all(v < 1e-3 for _, v in mismatch), mismatch  # iteration 1: after update 0
-    assert len(sc["weight_sync/total_s"]) >= 2 and all(v > 0 for _, v in sc["weight_sync/gib"])
+    assert [v for _, v in sc["weight_sync/method_broadcast"]] == [1.0, 1.0], sc.keys()  # the preset's method
+    assert all(v > 0 for _, v in sc["weight_sync/gib"]) and all(v == 0 for _, v in sc["weight_sync/export_s"])
 
 
 def _children(pid: int) -> list[int]:
