@@ -34,6 +34,7 @@ def dapo_loss(
     eps_high: float,
     num_action_tokens: int | torch.Tensor,
     logits: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped-ratio policy loss over action tokens, normalised by the global action-token count; no KL.
 
@@ -44,7 +45,9 @@ def dapo_loss(
     (logprobs of the sampled token at each position; old_logprobs from the engine that sampled them).
     advantages: S (per token, the trajectory's advantage broadcast over its tokens) or [B] when S is
     [B, T] (one per sequence). action_mask: bool or 0/1, True on action tokens. logits: optional
-    S + [V] for the entropy metric only (no gradient).
+    S + [V] for the entropy metric only (no gradient). is_weights: optional S, detached per-token weights
+    multiplying each token's clipped objective (off-policy correction, `algo.off_policy.off_policy_weights`);
+    the normaliser stays num_action_tokens. None: the paper's loss, bit for bit.
     Returns (scalar loss, metrics): 0-dim detached tensors averaged over THIS call's action tokens —
     clip_frac_low / clip_frac_high (fraction of action tokens where the clip is active and removes the
     gradient: r < 1 - eps_low with A < 0, r > 1 + eps_high with A > 0), ratio_mean, ratio_max,
@@ -72,6 +75,12 @@ def dapo_loss(
     adv = advantages.to(dt)
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     objective = torch.minimum(ratio * adv, clipped * adv)
+    if is_weights is not None:
+        if is_weights.shape != logprobs.shape:
+            raise ValueError(
+                f"dapo_loss: is_weights {tuple(is_weights.shape)} must match logprobs {tuple(logprobs.shape)}"
+            )
+        objective = objective * is_weights.detach().to(dt)
     loss = -torch.where(mask, objective, 0.0).sum() / _count(num_action_tokens)
 
     with torch.no_grad():

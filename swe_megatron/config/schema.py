@@ -188,6 +188,21 @@ class SamplingConfig:
 
 
 @dataclass
+class OffPolicyConfig:
+    """Off-policy correction of the DAPO loss against the engine's logprobs (beyond the paper; off by default).
+
+    See swe_megatron/algo/off_policy.py. Tokens without engine logprobs get weight 1 and are never masked.
+    """
+
+    tis_cap: float | None = None
+    """Truncated IS: multiply each action token's clipped objective by min(exp(trainer_old - engine), tis_cap)
+    (detached; the loss normaliser stays the action-token count); null = off; verl's default cap is 2.0."""
+    mask_threshold: float | None = None
+    """Drop from the loss (weight 0, still in the normaliser) each trajectory whose |mean over its action tokens of
+    (trainer_old - engine logprob)| (the log of its geometric-mean ratio) exceeds this; null = off."""
+
+
+@dataclass
 class AlgoConfig:
     """Advantage and loss settings shared by the RL stages (per-stage values live in StageConfig)."""
 
@@ -199,6 +214,8 @@ class AlgoConfig:
     """Dynamic sampling: drop trajectories whose advantage is zero (all-equal groups)."""
     oversample_factor: float = 1.0
     """Sample this many times the tasks per iteration so a batch still fills after dropping (1.0 = off)."""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    """Off-policy correction in the DAPO loss: truncated importance sampling and trajectory masking."""
 
 
 @dataclass

@@ -187,6 +187,12 @@ def _sampling_algo_problems(cfg: Any) -> list[str]:
             f"algo.adv_eps={cfg.algo.adv_eps} / oversample_factor={cfg.algo.oversample_factor} are invalid; "
             "allowed: adv_eps >= 0, oversample_factor >= 1.0"
         )
+    for key in ("tis_cap", "mask_threshold"):
+        value = cfg.algo.off_policy[key]
+        if value is not None and not 0 < value < math.inf:
+            out.append(
+                f"algo.off_policy.{key}={value} is invalid; allowed: null (off) or a finite number > 0"
+            )
     return out
 
 

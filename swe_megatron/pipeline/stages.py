@@ -371,7 +371,7 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
     b = ctx.world.lead(_dapo_rollouts, ctx, stage_name, it, unit, share=Batch.shared)
     trainer = trainer_for(ctx, stage_name, stage.iterations * max(stage.max_optimizer_steps, 1))
     t = time.perf_counter()
-    loss = LossSpec("dapo", stage.eps_low, stage.eps_high)
+    loss = LossSpec("dapo", stage.eps_low, stage.eps_high, ctx.cfg.algo.off_policy)
     steps = trainer.update(b.samples, b.num_steps, loss) if b.samples else []
     b.seconds["train_s"] = time.perf_counter() - t
     ckpt = _checkpoint_and_sync(ctx, unit, stage_name, b.seconds)

@@ -18,7 +18,7 @@ loop broadcasts it); metrics come back on every rank.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from swe_megatron.algo.losses import dapo_loss, sft_loss
-from swe_megatron.config.schema import ModelConfig, OptimConfig, ParallelConfig
+from swe_megatron.algo.off_policy import off_policy_weights
+from swe_megatron.config.schema import ModelConfig, OffPolicyConfig, OptimConfig, ParallelConfig
 from swe_megatron.train.checkpoint import CheckpointManager
 from swe_megatron.train.export import ExportReport, export_hf
 from swe_megatron.train.logprobs import action_logprobs
@@ -56,6 +57,8 @@ class LossSpec:
     """DAPO lower clip."""
     eps_high: float = 0.3
     """DAPO upper clip."""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    """Off-policy correction against the engine's logprobs (algo.off_policy; DAPO only, off by default)."""
 
 
 class Trainer:
@@ -191,8 +194,14 @@ class Trainer:
         self._run(microbatches, keep, forward_only=True)
         self.model.train()
 
-    def train_step(self, microbatches: list[MicroBatch], loss: LossSpec) -> dict[str, float]:
-        """One optimiser step over this rank's micro-batches (old_logprobs must be set for DAPO)."""
+    def train_step(
+        self, microbatches: list[MicroBatch], loss: LossSpec, is_weights: list[torch.Tensor] | None = None
+    ) -> dict[str, float]:
+        """One optimiser step over this rank's micro-batches (old_logprobs must be set for DAPO).
+
+        is_weights: per micro-batch, the DAPO loss's per-token off-policy weights (`off_policy`); None: none.
+        """
+        weight_of = {id(mb): w for mb, w in zip(microbatches, is_weights or [])}
         local_tokens = sum(mb.num_action_tokens for mb in microbatches)
         (global_tokens,) = self._sum([local_tokens], [self.dp_cp_group])
         denom = torch.tensor(max(global_tokens, 1.0), dtype=torch.float64, device=self.device)
@@ -201,8 +210,9 @@ class Trainer:
             mask = torch.ones_like(mb.targets, dtype=torch.bool)
             if loss.kind == "dapo":
                 value, metrics = dapo_loss(
-                    logprobs, mb.old_logprobs, mb.advantages, mask, loss.eps_low, loss.eps_high, denom
-                )
+                    logprobs, mb.old_logprobs, mb.advantages, mask, loss.eps_low, loss.eps_high, denom,
+                    is_weights=weight_of.get(id(mb)),
+                )  # fmt: skip
                 stats = {k: metrics[k] for k in ("clip_frac_low", "clip_frac_high", "approx_kl")}
             else:
                 value, _ = sft_loss(logprobs, mask, denom)
@@ -235,14 +245,19 @@ class Trainer:
     def update(self, samples: list[TrainSample], num_steps: int, loss: LossSpec) -> list[dict[str, float]]:
         """One iteration: old logprobs first, then `num_steps` optimiser steps over `samples`. Metrics per step."""
         steps = [self._my_microbatches(samples, list(r)) for r in split_into_steps(len(samples), num_steps)]
-        mismatch = None
+        mismatch, weights = None, None
         if loss.kind == "dapo":
             for mbs in steps:
                 self.logprobs(mbs)
             mismatch = self.mismatch([mb for mbs in steps for mb in mbs])
+            off = loss.off_policy
+            if off.tis_cap is not None or off.mask_threshold is not None:
+                all_weights, stats = self.off_policy([mb for mbs in steps for mb in mbs], off)
+                mismatch |= stats
+                weights = iter(all_weights)
         out = []
         for mbs in steps:
-            metrics = self.train_step(mbs, loss)
+            metrics = self.train_step(mbs, loss, None if weights is None else [next(weights) for _ in mbs])
             if mismatch is not None:
                 metrics.update(mismatch)
             out.append(metrics)
@@ -271,6 +286,50 @@ class Trainer:
             "logprob_mismatch_abs_max": float(w),
             "logprob_kl_k3": k3 / n,
         }
+
+    def off_policy(
+        self, microbatches: list[MicroBatch], off: OffPolicyConfig
+    ) -> tuple[list[torch.Tensor | None], dict[str, float]]:
+        """Per micro-batch DAPO weights of `algo.off_policy` (None off the last pipeline stage), and the iteration's
+        metrics: is_weight_mean / is_weight_max / is_clipped_frac over action tokens with engine logprobs (with
+        tis_cap), masked_trajectories and masked_trajectories_frac (with mask_threshold)."""
+        from megatron.core import parallel_state as ps
+
+        cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
+        keys = ("is_weight_sum", "is_tokens", "is_clipped_tokens", "masked_trajectories", "trajectories")
+        weights, sums, worst = [], dict.fromkeys(keys, 0.0), 0.0
+        for mb in microbatches:
+            if not self.last_stage:
+                weights.append(None)
+                continue
+            w, m = off_policy_weights(
+                mb.old_logprobs, mb.engine_logprobs, torch.ones_like(mb.targets, dtype=torch.bool),
+                off.tis_cap, off.mask_threshold,
+                segments=mb.rows // mb.tokens.shape[1],  # the row (trajectory) of each action token
+                num_segments=mb.tokens.shape[0],
+                reduce_segments=None if cp_group is None else partial(dist.all_reduce, group=cp_group),
+            )  # fmt: skip
+            weights.append(w)
+            for k in keys:
+                # After the CP reduction every CP rank knows whole trajectories: count them on one.
+                counted = k in ("masked_trajectories", "trajectories") and self.cp_rank > 0
+                sums[k] += 0.0 if counted or k not in m else float(m[k])
+            worst = max(worst, float(m.get("is_weight_max", 0.0)))
+        totals = dict(zip(keys, self._sum(list(sums.values()), [self.dp_cp_group, self.pp_group])))
+        w = torch.tensor([worst], dtype=torch.float64, device=self.device)
+        dist.all_reduce(w, op=dist.ReduceOp.MAX)
+        out = {}
+        if off.tis_cap is not None:
+            n = max(totals["is_tokens"], 1.0)
+            out |= {
+                "is_weight_mean": totals["is_weight_sum"] / n,
+                "is_weight_max": float(w),
+                "is_clipped_frac": totals["is_clipped_tokens"] / n,
+            }
+        if off.mask_threshold is not None:
+            out["masked_trajectories"] = totals["masked_trajectories"]
+            out["masked_trajectories_frac"] = totals["masked_trajectories"] / max(totals["trajectories"], 1.0)
+        return weights, out
 
     def export(self, out: str, extra_files=(), name_tied_lm_head: bool = False) -> ExportReport:
         """Write the current weights as a sharded HF safetensors folder (all ranks call it); an ExportReport.

@@ -1,0 +1,167 @@
+"""Off-policy correction (algo.off_policy): truncated IS weights, trajectory masking, their metrics, the loss
+with them, and the config checks. Numbers are worked out by hand in the comments."""
+
+import math
+
+import pytest
+import torch
+
+from swe_megatron.algo.losses import dapo_loss
+from swe_megatron.algo.off_policy import off_policy_weights, segment_log_ratios, truncated_is_weights
+from swe_megatron.config import ConfigError, load_config
+
+F64 = torch.float64
+NAN = float("nan")
+
+# Two trajectories, padded [B=2, T=4]. Row 0: action tokens 1..3, log ratios old - engine 0.5, 0.5 and unknown
+# (no engine logprob: NaN). Row 1: action tokens 0..2, log ratios 0.2, -0.4, 0.0; token 3 is not an action.
+OLD = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-1.0, -1.0, -3.0, -2.0]], dtype=F64)
+ENGINE = torch.tensor([[-1.0, -2.5, -1.0, NAN], [-1.2, -0.6, -3.0, -2.0]], dtype=F64)
+MASK = torch.tensor([[False, True, True, True], [True, True, True, False]])
+E02, EM04 = math.exp(0.2), math.exp(-0.4)  # 1.2214, 0.6703
+
+
+def _packed():
+    """The same two trajectories as the action tokens of one packed micro-batch, in interleaved order."""
+    order = [(1, 0), (0, 1), (1, 1), (0, 2), (0, 3), (1, 2)]
+    pick = lambda t: torch.stack([t[b, i] for b, i in order])  # noqa: E731
+    return pick(OLD), pick(ENGINE), torch.ones(6, dtype=torch.bool), torch.tensor([b for b, _ in order])
+
+
+def test_truncated_weights_by_hand():
+    w = truncated_is_weights(OLD, ENGINE, MASK, cap=1.5)
+    # exp(0.5) = 1.65 -> capped at 1.5; unknown engine logprob -> 1; off the mask -> 0
+    expected = torch.tensor([[0.0, 1.5, 1.5, 1.0], [E02, EM04, 1.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(w, expected, rtol=0, atol=1e-12)
+    assert not w.requires_grad
+
+
+def test_segment_log_ratios_by_hand():
+    sums = segment_log_ratios(OLD, ENGINE, MASK)
+    # (sum of log ratios, tokens with an engine logprob, action tokens) per row: row 0: 0.5 + 0.5 over 2 known of
+    # 3 action tokens (the NaN one is left out); row 1: 0.2 - 0.4 + 0 over 3 of 3
+    expected = torch.tensor([[1.0, 2.0, 3.0], [-0.2, 3.0, 3.0]], dtype=F64)
+    torch.testing.assert_close(sums, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_weights_and_metrics_by_hand(layout):
+    if layout == "padded":
+        old, eng, mask, seg = OLD, ENGINE, MASK, None
+    else:
+        old, eng, mask, seg = _packed()
+    # |mean log ratio|: row 0 0.5 > 0.1 (masked), row 1 |-0.2/3| = 0.067 (kept)
+    w, m = off_policy_weights(old, eng, mask, tis_cap=1.5, mask_threshold=0.1, segments=seg)
+    weights_by_row = {0: [0.0, 0.0, 0.0], 1: [E02, EM04, 1.0]}
+    if layout == "padded":
+        torch.testing.assert_close(w[0], torch.zeros(4, dtype=F64))
+        torch.testing.assert_close(w[1], torch.tensor(weights_by_row[1] + [0.0], dtype=F64))
+    else:
+        for b in (0, 1):
+            torch.testing.assert_close(w[seg == b], torch.tensor(weights_by_row[b], dtype=F64))
+    # weight stats over the 5 action tokens with an engine logprob, before masking: 1.5, 1.5, e^.2, e^-.4, 1
+    assert m["is_tokens"].item() == 5
+    assert m["is_weight_sum"].item() == pytest.approx(3.0 + E02 + EM04 + 1.0)
+    assert m["is_weight_max"].item() == 1.5
+    assert m["is_clipped_tokens"].item() == 2
+    assert m["masked_trajectories"].item() == 1 and m["trajectories"].item() == 2
+
+
+def test_each_part_alone():
+    w, m = off_policy_weights(OLD, ENGINE, MASK, tis_cap=None, mask_threshold=0.1)
+    expected = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(w, expected, rtol=0, atol=0)
+    assert m["masked_trajectories"].item() == 1
+    w, _ = off_policy_weights(OLD, ENGINE, MASK, tis_cap=1.5, mask_threshold=None)
+    torch.testing.assert_close(w, truncated_is_weights(OLD, ENGINE, MASK, 1.5), rtol=0, atol=0)
+
+
+def test_trajectories_without_engine_logprobs_get_weight_one_and_are_never_masked():
+    eng = torch.full_like(OLD, NAN)
+    w, m = off_policy_weights(OLD, eng, MASK, tis_cap=0.5, mask_threshold=1e-9)
+    torch.testing.assert_close(w, MASK.to(F64), rtol=0, atol=0)
+    assert m["masked_trajectories"].item() == 0 and m["is_tokens"].item() == 0 and m["trajectories"] == 2
+
+
+def test_the_segment_reduction_sees_every_rank_s_part():
+    # A context-parallel rank holding only row 1's first token would keep row 1 alone (|0.2| > 0.1 masks it);
+    # with the other rank's sums added (the all-reduce) it sees the whole row: -0.2 / 3, kept.
+    old, eng, mask = OLD[1:, :1], ENGINE[1:, :1], MASK[1:, :1]
+    _, alone = off_policy_weights(old, eng, mask, None, 0.1)
+    assert alone["masked_trajectories"].item() == 1
+    other = torch.tensor([[-0.4, 2.0, 2.0]], dtype=F64)
+    _, joined = off_policy_weights(old, eng, mask, None, 0.1, reduce_segments=lambda s: s.add_(other))
+    assert joined["masked_trajectories"].item() == 0
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="segments"):
+        off_policy_weights(OLD[0], ENGINE[0], MASK[0], 2.0, 0.1)
+    with pytest.raises(ValueError, match="same shape"):
+        truncated_is_weights(OLD, ENGINE[:, :2], MASK, 2.0)
+
+
+# --- the loss -------------------------------------------------------------------------------------------
+
+
+def _loss(is_weights=None, old=None):
+    lp = torch.tensor([-1.0, -1.0, -1.0, -0.5], dtype=F64, requires_grad=True)
+    old = lp.detach().clone() if old is None else old  # ratio 1 on every token: nothing clipped
+    adv = torch.tensor([1.0, -2.0, 0.5, 1.0], dtype=F64)
+    mask = torch.tensor([True, True, True, False])
+    loss, _ = dapo_loss(lp, old, adv, mask, 0.2, 0.3, 3, is_weights=is_weights)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.item(), grad.tolist()
+
+
+def test_loss_multiplies_each_token_by_its_weight_by_hand():
+    loss, grad = _loss(torch.tensor([1.5, 0.5, 0.0, 0.0], dtype=F64))
+    # -(1.5 * 1 + 0.5 * -2 + 0 * 0.5) / 3 (the normaliser stays the 3 action tokens); d/dlogp (r A w) = A w at r=1
+    assert loss == pytest.approx(-0.5 / 3)
+    assert grad == pytest.approx([-1.5 / 3, 1.0 / 3, 0.0, 0.0])
+    assert grad[2] == 0.0  # a masked trajectory's token: exactly no gradient
+
+
+def test_loss_without_weights_is_the_paper_loss_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    lp = (-torch.rand(3, 17, generator=g, dtype=F64) * 4).requires_grad_()
+    old = lp.detach() + 0.3 * torch.randn(3, 17, generator=g, dtype=F64)
+    adv = torch.randn(3, generator=g, dtype=F64)
+    mask = torch.rand(3, 17, generator=g) > 0.3
+    n = int(mask.sum())
+    # today's formula, written out
+    r = torch.exp(torch.where(mask, lp - old, 0.0))
+    obj = torch.minimum(r * adv[:, None], r.clamp(0.8, 1.3) * adv[:, None])
+    ref = -torch.where(mask, obj, 0.0).sum() / n
+    (ref_grad,) = torch.autograd.grad(ref, lp)
+    for w in (None, torch.ones_like(old)):
+        loss, _ = dapo_loss(lp, old, adv, mask, 0.2, 0.3, n, is_weights=w)
+        (grad,) = torch.autograd.grad(loss, lp)
+        assert torch.equal(loss, ref) and torch.equal(grad, ref_grad)
+
+
+# --- config ---------------------------------------------------------------------------------------------
+
+
+def test_off_by_default_and_settable():
+    cfg = load_config("embedded")
+    assert cfg.algo.off_policy.tis_cap is None and cfg.algo.off_policy.mask_threshold is None
+    cfg = load_config("embedded", ["algo.off_policy.tis_cap=2.0", "algo.off_policy.mask_threshold=0.05"])
+    assert cfg.algo.off_policy.tis_cap == 2.0 and cfg.algo.off_policy.mask_threshold == 0.05
+
+
+@pytest.mark.parametrize(
+    ("override", "needles"),
+    [
+        ("algo.off_policy.tis_cap=0", ["algo.off_policy.tis_cap=0", "> 0", "null"]),
+        ("algo.off_policy.tis_cap=-1.5", ["algo.off_policy.tis_cap=-1.5", "> 0"]),
+        ("algo.off_policy.mask_threshold=0.0", ["algo.off_policy.mask_threshold=0.0", "> 0", "null"]),
+    ],
+)
+def test_bad_settings_fail_with_one_message(override, needles):
+    with pytest.raises(ConfigError) as info:
+        load_config("embedded", [override])
+    msg = str(info.value)
+    assert "\n" not in msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
