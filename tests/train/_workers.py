@@ -279,3 +279,35 @@ def broadcast_stream(rank, model_cfg, par: ParallelConfig, hf_state) -> dict | N
         return dict(_stream_to_rank0(trainer, torch.device("cpu")))
     _stage_to_rank0(trainer, ps.get_tensor_model_parallel_rank() == 0)
     return None
+
+
+def off_policy_with_context_parallel(rank, model_cfg, samples, off) -> dict:
+    """Trainer.off_policy on 2 ranks laid out as context_parallel=2 (groups made directly, as in
+    export_with_context_parallel): each rank holds its CP share of the same micro-batches, with made-up old
+    logprobs. Returns its weights, its metrics, and its share of the one-rank reference weights."""
+    import dataclasses
+
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    from swe_megatron.algo.off_policy import off_policy_weights
+    from swe_megatron.train.packing import pack, split_for_context_parallel
+    from swe_megatron.train.step import Trainer
+
+    ps.initialize_model_parallel(context_parallel_size=2)
+    tensor_parallel.model_parallel_cuda_manual_seed(1, force_reset_rng=True)
+    trainer = Trainer(model_cfg, ParallelConfig(), OPTIM, total_steps=1)
+    g = torch.Generator().manual_seed(0)
+    out = {"weights": [], "reference": []}
+    mine = []
+    for mb in pack(samples, 64, pad_multiple=4):
+        mb.old_logprobs = mb.engine_logprobs + 0.3 * torch.randn(mb.num_action_tokens, generator=g)
+        ref, _ = off_policy_weights(mb.old_logprobs, mb.engine_logprobs, torch.ones_like(mb.targets, dtype=bool),
+                                    off.tis_cap, off.mask_threshold, mb.rows // mb.tokens.shape[1])  # fmt: skip
+        mine.append(split_for_context_parallel(mb, rank, 2))
+        out["reference"].append(
+            split_for_context_parallel(dataclasses.replace(mb, old_logprobs=ref), rank, 2)
+        )
+    out["reference"] = [mb.old_logprobs for mb in out["reference"]]
+    out["weights"], out["metrics"] = trainer.off_policy(mine, off)
+    return out

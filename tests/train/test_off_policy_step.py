@@ -74,3 +74,37 @@ def test_masked_trajectories_take_no_part_in_the_update(make_trainer):
     none = _update(make_trainer, mask_threshold=100.0)
     assert none["masked_trajectories"] == 0 and none["masked_trajectories_frac"] == 0.0
     assert none["loss"] == _update(make_trainer)["loss"] and none["grad_norm"] > 0
+
+
+@pytest.mark.dist
+def test_context_parallel_ranks_mask_whole_trajectories(tmp_path):
+    from swe_megatron.algo.off_policy import segment_log_ratios
+    from swe_megatron.train.packing import pack
+
+    from ._workers import off_policy_with_context_parallel, run_ranks
+
+    hf = tiny_hf()
+    samples, off = batch(8), OffPolicyConfig(tis_cap=1.2, mask_threshold=0.1)
+    results = run_ranks(
+        off_policy_with_context_parallel, 2, tmp_path, model_config_from_hf(hf.config), samples, off
+    )
+    # The one-rank reference over the same made-up logprobs (same generator, same packing).
+    g = torch.Generator().manual_seed(0)
+    masked, total, w_sum, n = 0, 0, 0.0, 0
+    for mb in pack(samples, 64, pad_multiple=4):
+        old = mb.engine_logprobs + 0.3 * torch.randn(mb.num_action_tokens, generator=g)
+        seg = mb.rows // mb.tokens.shape[1]
+        sums = segment_log_ratios(
+            old, mb.engine_logprobs, torch.ones_like(seg, dtype=bool), seg, mb.tokens.shape[0]
+        )
+        masked += int(((sums[:, 0] / sums[:, 1]).abs() > 0.1).sum())
+        total += int((sums[:, 2] > 0).sum())
+        w_sum += float(torch.exp(old - mb.engine_logprobs).clamp(max=1.2).sum())
+        n += mb.num_action_tokens
+    assert 0 < masked < total
+    for r in results:
+        for w, ref in zip(r["weights"], r["reference"]):
+            torch.testing.assert_close(w, ref, rtol=0, atol=0)  # each rank decides on whole trajectories
+        assert r["metrics"]["masked_trajectories"] == masked  # counted once, not once per CP rank
+        assert r["metrics"]["masked_trajectories_frac"] == pytest.approx(masked / total)
+        assert r["metrics"]["is_weight_mean"] == pytest.approx(w_sum / n, rel=1e-6)
