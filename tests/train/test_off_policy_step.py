@@ -76,6 +76,22 @@ def test_masked_trajectories_take_no_part_in_the_update(make_trainer):
     assert none["loss"] == _update(make_trainer)["loss"] and none["grad_norm"] > 0
 
 
+def test_packing_does_not_change_the_corrected_step(megatron_world):
+    # One trajectory per micro-batch vs several packed in one: the masking must find each packed row's tokens.
+    hf = tiny_hf()
+    cfg = model_config_from_hf(hf.config)
+    off = OffPolicyConfig(tis_cap=1.0, mask_threshold=0.05)
+    runs = []
+    for tokens in (1, 4096):
+        par = ParallelConfig(micro_batch_tokens=tokens)
+        parallel.init_model_parallel(par, seed=1)
+        trainer = Trainer(cfg, par, OPTIM, total_steps=2, hf_state=hf.state_dict())
+        runs.append(trainer.update(batch(8), 2, LossSpec("dapo", off_policy=off)))
+    for a, b in zip(*runs):
+        assert a.keys() == b.keys() and a == pytest.approx(b, rel=1e-6, abs=1e-9)
+    assert 0 < runs[0][0]["masked_trajectories"] < 8
+
+
 @pytest.mark.dist
 def test_context_parallel_ranks_mask_whole_trajectories(tmp_path):
     from swe_megatron.algo.off_policy import segment_log_ratios
