@@ -1,7 +1,8 @@
 """The trainer's update: DAPO or SFT optimiser steps on Megatron-Core over any TP x PP x DP layout.
 
 One `update(samples, ...)` call is one iteration's training: old logprobs from the trainer's own
-forward pass before any change (engine logprobs kept beside them for the mismatch metric), then the
+forward pass before any change (engine logprobs kept beside them for the mismatch metric and the
+off-policy weights of `algo.off_policy`, computed once per iteration), then the
 batch split into `num_steps` optimiser steps; each step shares its trajectories out over the
 data-parallel ranks, packs them into micro-batches under `ParallelConfig.micro_batch_tokens`, and
 runs Megatron's `get_forward_backward_func()` with a `forward_step` that returns (output, loss_fn).
@@ -312,8 +313,8 @@ class Trainer:
             weights.append(w)
             for k in keys:
                 # After the CP reduction every CP rank knows whole trajectories: count them on one.
-                counted = k in ("masked_trajectories", "trajectories") and self.cp_rank > 0
-                sums[k] += 0.0 if counted or k not in m else float(m[k])
+                skip = k in ("masked_trajectories", "trajectories") and self.cp_rank > 0
+                sums[k] += 0.0 if skip or k not in m else float(m[k])
             worst = max(worst, float(m.get("is_weight_max", 0.0)))
         totals = dict(zip(keys, self._sum(list(sums.values()), [self.dp_cp_group, self.pp_group])))
         w = torch.tensor([worst], dtype=torch.float64, device=self.device)
