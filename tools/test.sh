@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: everything that can run on a CPU machine.
-# Installs the CPU world (idempotent), prepares bubblewrap + the sandbox user and the local
-# single-node Slurm cluster when run as root (both idempotent; the cluster is left running for
-# the next test run: tools/slurm_down.sh stops it), then runs pytest over ALL markers
+# Installs the CPU world (idempotent), prepares bubblewrap + the sandbox user and the local 3-node
+# Slurm test cluster (tools/slurm_up.sh --nodes 3) when run as root (both idempotent; the cluster is
+# left running for the next test run: tools/slurm_down.sh stops it), then runs pytest over ALL markers
 # (dist, slurm, sandbox, e2e; gpu tests skip without CUDA). Extra arguments go to pytest.
 # Plain `pytest` (no -m) runs only the fast unit tests.
 set -euo pipefail
@@ -13,7 +13,7 @@ if [[ $(id -u) == 0 ]]; then
   tools/sandbox_setup.sh
   tools/slurm_up.sh --nodes 3
 else
-  echo "test.sh: not root: sandbox and slurm tests will skip unless set up already (run tools/sandbox_setup.sh and tools/slurm_up.sh as root)" >&2
+  echo "test.sh: not root: sandbox and slurm tests will skip unless set up already (run tools/sandbox_setup.sh and tools/slurm_up.sh --nodes 3 as root)" >&2
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # pytest exits 5 when it collects nothing: that is a failure here too (set -e).
