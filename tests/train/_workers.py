@@ -131,14 +131,18 @@ def capture(trainer) -> dict:
 
 
 def train_and_capture(
-    rank, model_cfg, par: ParallelConfig, hf_state, samples, num_steps, kind="dapo", save=None, export=None
-):
-    """Initialise `par`, build a Trainer from `hf_state`, run one update; metrics, weights and grads."""
+    rank, model_cfg, par: ParallelConfig, hf_state, samples, num_steps, kind="dapo", save=None, export=None,
+    off_policy=None,
+):  # fmt: skip
+    """Initialise `par`, build a Trainer from `hf_state`, run one update; metrics, weights and grads.
+
+    off_policy: an OffPolicyConfig for the DAPO loss (None: off)."""
     from swe_megatron.train.step import LossSpec, Trainer
 
     parallel.init_model_parallel(par, seed=1)
     trainer = Trainer(model_cfg, par, OPTIM, total_steps=10, hf_state=hf_state)
-    metrics = trainer.update(samples, num_steps, LossSpec(kind))
+    spec = LossSpec(kind) if off_policy is None else LossSpec(kind, off_policy=off_policy)
+    metrics = trainer.update(samples, num_steps, spec)
     out = {"metrics": metrics, **capture(trainer)}
     if save is not None:
         trainer.save(save)
@@ -311,3 +315,14 @@ def off_policy_with_context_parallel(rank, model_cfg, samples, off) -> dict:
     out["reference"] = [mb.old_logprobs for mb in out["reference"]]
     out["weights"], out["metrics"] = trainer.off_policy(mine, off)
     return out
+
+
+def corrected_layouts(rank, model_cfg, hf_state, samples, num_steps, off_policy) -> dict:
+    """PP=2 and DP=2 runs (2 ranks) of the same DAPO update with `off_policy` on."""
+    return {
+        name: train_and_capture(rank, model_cfg, par, hf_state, samples, num_steps, off_policy=off_policy)
+        for name, par in {
+            "pp2": ParallelConfig(pipeline_parallel=2, micro_batch_tokens=64),
+            "dp2": ParallelConfig(micro_batch_tokens=64),
+        }.items()
+    }

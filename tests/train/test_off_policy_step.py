@@ -124,3 +124,21 @@ def test_context_parallel_ranks_mask_whole_trajectories(tmp_path):
         assert r["metrics"]["masked_trajectories"] == masked  # counted once, not once per CP rank
         assert r["metrics"]["masked_trajectories_frac"] == pytest.approx(masked / total)
         assert r["metrics"]["is_weight_mean"] == pytest.approx(w_sum / n, rel=1e-6)
+
+
+@pytest.mark.dist
+def test_pipeline_and_data_parallel_ranks_train_like_one(tmp_path, megatron_world):
+    from ._workers import corrected_layouts, run_ranks, train_and_capture
+
+    hf, samples = tiny_hf(), batch(8)
+    cfg, off = model_config_from_hf(hf.config), OffPolicyConfig(tis_cap=1.0, mask_threshold=0.05)
+    ref = train_and_capture(
+        0, cfg, ParallelConfig(micro_batch_tokens=64), hf.state_dict(), samples, 2, off_policy=off
+    )
+    assert 0 < ref["metrics"][0]["masked_trajectories"] < 8 and 0 < ref["metrics"][0]["is_clipped_frac"] < 1
+    results = run_ranks(corrected_layouts, 2, tmp_path, cfg, hf.state_dict(), samples, 2, off)
+    for rank, res in enumerate(results):
+        for layout, run in res.items():
+            for got, want in zip(run["metrics"], ref["metrics"]):
+                assert got.keys() == want.keys(), (layout, rank)
+                assert got == pytest.approx(want, rel=1e-5, abs=1e-7), (layout, rank)
