@@ -8,7 +8,7 @@ import torch
 
 from swe_megatron.algo.losses import dapo_loss
 from swe_megatron.algo.off_policy import off_policy_weights, segment_log_ratios, truncated_is_weights
-from swe_megatron.config import ConfigError, load_config
+from swe_megatron.config import load_config
 
 F64 = torch.float64
 NAN = float("nan")
@@ -150,18 +150,4 @@ def test_off_by_default_and_settable():
     assert cfg.algo.off_policy.tis_cap == 2.0 and cfg.algo.off_policy.mask_threshold == 0.05
 
 
-@pytest.mark.parametrize(
-    ("override", "needles"),
-    [
-        ("algo.off_policy.tis_cap=0", ["algo.off_policy.tis_cap=0", "> 0", "null"]),
-        ("algo.off_policy.tis_cap=-1.5", ["algo.off_policy.tis_cap=-1.5", "> 0"]),
-        ("algo.off_policy.mask_threshold=0.0", ["algo.off_policy.mask_threshold=0.0", "> 0", "null"]),
-    ],
-)
-def test_bad_settings_fail_with_one_message(override, needles):
-    with pytest.raises(ConfigError) as info:
-        load_config("embedded", [override])
-    msg = str(info.value)
-    assert "\n" not in msg
-    for needle in needles:
-        assert needle in msg, (needle, msg)
+# Bad algo.off_policy values: tests/config/test_config.py::test_bad_values_fail_with_one_message.

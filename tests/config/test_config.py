@@ -123,6 +123,9 @@ def test_overrides_and_interpolation():
         ("model.rope_scaling.type=dynamic", ["model.rope_scaling.type", "'dynamic'", "null, yarn"]),
         ("model.rope_scaling.factor=4.0", ["model.rope_scaling.factor", "type=yarn"]),
         ("model.rope_scaling={type: yarn, factor: 0.5}", ["model.rope_scaling.factor", "> 1"]),
+        ("algo.off_policy.tis_cap=0", ["algo.off_policy.tis_cap=0", "> 0", "null"]),
+        ("algo.off_policy.tis_cap=-1.5", ["algo.off_policy.tis_cap=-1.5", "> 0"]),
+        ("algo.off_policy.mask_threshold=0.0", ["algo.off_policy.mask_threshold=0.0", "> 0", "null"]),
     ],
 )
 def test_bad_values_fail_with_one_message(override, needles):
