@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,27 @@ def engine_model_dir(model: ModelConfig, out: Path, src: str | Path | None = Non
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def wait_serving(url: str, proc, model_dir: str, timeout_s: float) -> str | None:
+    """Wait until the vLLM server at url answers, and check that it is the one started from model_dir: None,
+    else why not. Another run's server on the same port (two runs on one node picked the same free port)
+    answers the health probe too, while ours is still loading and will fail to bind; its /v1/models root
+    (the --model it was started with) tells them apart."""
+    why = wait_healthy(url, proc, timeout_s)
+    if why is not None:
+        return why
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
+            roots = [m.get("root") for m in json.loads(r.read()).get("data", [])]
+    except (OSError, ValueError) as e:
+        return f"answers /health but not /v1/models ({e})"
+    if str(model_dir) not in roots:
+        return (
+            f"is another vLLM server, started from {', '.join(map(str, roots))} (another run on this node holds "
+            "the port): set engine.port to a port free on this node"
+        )
+    return None
 
 
 def die_with_parent() -> None:
@@ -176,9 +198,9 @@ class VllmServer:
         log.close()
 
     def wait_healthy(self, timeout_s: float = 300.0) -> None:
-        """Block until GET /health answers 200; EngineError with the log's tail if the process dies or time
-        runs out."""
-        why = wait_healthy(self.url, self.proc, timeout_s)
+        """Block until this server answers (`wait_serving`); EngineError with the log's tail if the process dies,
+        time runs out or the port answers for another server."""
+        why = wait_serving(self.url, self.proc, self.model_dir, timeout_s)
         if why is not None:
             raise EngineError(f"vLLM server on port {self.port} {why}:\n{self._tail()}")
 

@@ -28,7 +28,6 @@ from swe_megatron.config.load import load_config
 from swe_megatron.launch import rendezvous
 from swe_megatron.launch.layout import job_layout
 from swe_megatron.launch.slurm_env import SlurmEnv
-from swe_megatron.net import wait_healthy
 
 EXIT_RESUMABLE = 75
 """Exit status of a trainer step stopped before the end of its schedule (the job should be requeued)."""
@@ -125,7 +124,7 @@ def sandbox_server(job_dir: str, config: str, overrides: list[str], port: int = 
 def engine(job_dir: str, config: str, overrides: list[str], stage: str, environ=None) -> int:
     """Run one vLLM server (engine entry SLURM_PROCID) on this task's GPUs; returns its status."""
     # lazy: torch, transformers (engine.vllm_server); the other steps run without them
-    from swe_megatron.engine.vllm_server import engine_model_dir, server_command, server_env
+    from swe_megatron.engine.vllm_server import engine_model_dir, server_command, server_env, wait_serving
 
     env = SlurmEnv.from_environ(environ)
     cfg = load_config(config, overrides)
@@ -145,7 +144,7 @@ def engine(job_dir: str, config: str, overrides: list[str], stage: str, environ=
     argv[argv.index("--host") + 1] = env.hostname  # reachable from the trainer's node, not only localhost
     child = _Child(argv, work / "vllm.log", server_env(cfg.engine, work))
     url = f"http://{env.hostname}:{port}"
-    why = wait_healthy(url, child.proc, cfg.cluster.startup_timeout_s)
+    why = wait_serving(url, child.proc, model_dir, cfg.cluster.startup_timeout_s)
     if why is not None:
         print(f"vLLM server {url} {why}:\n{child.tail()}", file=sys.stderr)
         if child.proc.poll() is not None:

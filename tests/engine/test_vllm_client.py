@@ -69,12 +69,23 @@ def test_parse_completion():
 class Stub:
     """An HTTP server that records requests and answers like vLLM's /v1/completions."""
 
-    def __init__(self, resets=None):
+    def __init__(self, resets=None, root="/runs/other/engine/model"):
         self.requests = []
         self.resets = list(resets or [])  # /reset_prefix_cache answers in turn ({"success": ...}), then true
         stub = self
 
         class H(BaseHTTPRequestHandler):
+            def do_GET(self):  # /health, and /v1/models naming the folder the server was started from
+                data = (
+                    b""
+                    if self.path == "/health"
+                    else json.dumps({"data": [{"id": "policy", "root": root}]}).encode()
+                )
+                self.send_response(200 if self.path in ("/health", "/v1/models") else 404)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 stub.requests.append((self.path, body))
@@ -144,3 +155,29 @@ def test_server_ignores_generation_config_and_keeps_caches_local(tmp_path):
     assert "--worker-extension-cls" not in cmd
     bc = server_command("/m", 8100, EngineConfig(weight_sync="broadcast"), 8192, "policy")
     assert bc[bc.index("--worker-extension-cls") + 1] == "swe_megatron.engine.weight_receiver.WeightReceiver"
+
+
+def test_a_port_answered_by_another_runs_server_is_not_taken_for_ours(tmp_path, monkeypatch):
+    """Two runs on one machine may pick the same port: the other run's vLLM then answers our health probe
+    while ours is still loading (and will fail to bind). The server must be recognised as not ours (its
+    /v1/models root is another model folder), never used: weights reloaded into it would corrupt both runs."""
+    from swe_megatron.engine import vllm_server
+
+    other = Stub(root="/runs/other/engines/engine0/model")
+    port = int(other.url.rsplit(":", 1)[1])
+    monkeypatch.setattr(vllm_server, "server_command", lambda *a, **k: ["sleep", "30"])  # ours, still loading
+    ours = vllm_server.VllmServer(str(tmp_path / "model"), port, EngineConfig(), tmp_path / "work")
+    ours.start()
+    try:
+        with pytest.raises(EngineError, match=r"another .*server.*/runs/other/engines/engine0/model"):
+            ours.wait_healthy(timeout_s=20)
+    finally:
+        ours.stop(grace_s=1)
+    mine = Stub(root=str(tmp_path / "model"))  # a server started from our folder is ours
+    ours = vllm_server.VllmServer(str(tmp_path / "model"), int(mine.url.rsplit(":", 1)[1]), EngineConfig(),
+                                  tmp_path / "work")  # fmt: skip
+    ours.start()
+    try:
+        ours.wait_healthy(timeout_s=20)
+    finally:
+        ours.stop(grace_s=1)
