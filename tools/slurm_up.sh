@@ -58,7 +58,9 @@ done
 # ---------------------------------------------------------------------------------------------
 # 1. Install (skipped when all binaries are present).
 # ---------------------------------------------------------------------------------------------
-need_bins=(munged mungekey slurmctld slurmd slurmdbd sinfo sacct sacctmgr mariadbd mariadb mariadb-install-db)
+# ip (iproute2), nsenter and unshare (util-linux) make the namespaced nodes of --nodes N > 1.
+need_bins=(munged mungekey slurmctld slurmd slurmdbd sinfo sacct sacctmgr mariadbd mariadb mariadb-install-db ip nsenter
+  unshare)
 missing=()
 for b in "${need_bins[@]}"; do
   command -v "$b" >/dev/null 2>&1 || [[ -x /usr/sbin/$b ]] || missing+=("$b")
@@ -66,7 +68,7 @@ done
 if ((${#missing[@]})); then
   log "installing Debian packages (missing: ${missing[*]})"
   t_install=$(now)
-  pkgs=(slurm-wlm slurmdbd slurm-client munge mariadb-server mariadb-client)
+  pkgs=(slurm-wlm slurmdbd slurm-client munge mariadb-server mariadb-client iproute2 util-linux)
   # Keep package maintainer scripts from starting daemons (we start our own, without systemd).
   policy=/usr/sbin/policy-rc.d
   made_policy=0
