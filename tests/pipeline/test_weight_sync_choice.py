@@ -82,14 +82,15 @@ def test_a_run_syncs_by_broadcast_and_the_engine_serves_the_trainers_weights(tmp
            "algo.drop_zero_advantage=false", "stage1.optim.lr=3e-2",
            "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    # Stop after stage1:0 (RUN_DIR/STOP once rft:0 is committed), then resume: the new engines start from the
-    # last checkpoint's HF export, which the broadcast method must still write.
+    # Stop after stage1:0 (RUN_DIR/STOP once stage1:0 is in flight: its unit folder exists; touched as soon as
+    # rft:0 committed, the run could see it before stage1:0 starts and stop there), then resume: the new engines
+    # start from the last checkpoint's HF export, which the broadcast method must still write.
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         state_file = run_dir / "state.json"
         deadline = time.monotonic() + 1500
         while first.poll() is None and time.monotonic() < deadline:
-            if state_file.exists() and "rft:0" in json.loads(state_file.read_text())["done"]:
+            if (run_dir / "units" / "stage1-0").is_dir():
                 (run_dir / "STOP").touch()
                 break
             time.sleep(0.2)
