@@ -73,6 +73,9 @@ class Trajectory:
     """[start, end) token range of each assistant turn, in order."""
     malformed_turns: list[int] = field(default_factory=list)
     """Indices into turn_spans of assistant turns that were format errors (zero or several commands)."""
+    policy_versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each assistant turn (len == num_steps; more than one value when weights
+    changed mid-episode, engine/gate.py); [] when not tracked (e.g. a scripted policy)."""
     num_steps: int = 0
     """Assistant turns taken (|tau| in the length penalty); equals len(turn_spans)."""
     exit_reason: ExitReason = ExitReason.submitted
@@ -145,6 +148,10 @@ class Trajectory:
             raise ValueError(f"{where}: action_mask is 1 outside every assistant turn span")
         if any(lp != 0.0 for m, lp in zip(self.action_mask, self.logprobs) if not m):
             raise ValueError(f"{where}: logprobs must be 0.0 where action_mask is 0")
+        if self.policy_versions and len(self.policy_versions) != len(self.turn_spans):
+            raise ValueError(
+                f"{where}: {len(self.policy_versions)} policy_versions but {len(self.turn_spans)} assistant turns"
+            )
         if any(not 0 <= j < len(self.turn_spans) for j in self.malformed_turns):
             raise ValueError(f"{where}: malformed_turns={self.malformed_turns} index a missing turn")
 

@@ -123,6 +123,7 @@ class Episode:
         self.aci = Aci(sandbox, scaffold.agent, scaffold.prompts, workdir, scaffold.limits.command_timeout_s,
                        scaffold.limits.output_cap)  # fmt: skip
         self.malformed: list[int] = []
+        self.versions: list[int] = []  # the weight version of each turn (engine/gate.py), if the engine says
         self.format_errors = 0  # in a row
 
     def run(self) -> Trajectory:
@@ -186,6 +187,8 @@ class Episode:
         if not gen.token_ids or len(gen.token_ids) > budget:
             raise EngineError(f"engine returned {len(gen.token_ids)} tokens for a budget of {room}")
         content = ledger.add_assistant(gen.token_ids, gen.logprobs)
+        if gen.policy_version is not None:
+            self.versions.append(gen.policy_version)
         self._check_deadline()  # a generation that came back late is not acted on
         return content
 
@@ -243,6 +246,7 @@ class Episode:
             ledger.turn_spans,
         )
         traj.num_steps, traj.malformed_turns = len(ledger.turn_spans), self.malformed
+        traj.policy_versions = self.versions
         with self._timed("provenance"):
             report = check_provenance(self.s.chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
         traj.drifted, traj.retokenized_turns = report.drifted, report.retokenized_turns

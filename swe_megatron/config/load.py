@@ -2,7 +2,7 @@
 
 A preset is a YAML file whose optional `_base_` list names other presets (paths relative to
 `configs/`, or to the file itself); they are merged in order, then the file, then the overrides
-(`key=value`, or `cluster=cpu-3x`: a fragment of configs/cluster/, model/ or stage/ merged in place).
+(`key=value`, or `cluster=cpu-3x`: a fragment of configs/algo/, cluster/, model/ or stage/ merged in place).
 Every error a user can cause ends in one `ConfigError` naming the key and what is allowed.
 """
 
@@ -42,7 +42,7 @@ def find_preset(name: str) -> Path:
     presets = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
     raise ConfigError(
         f"config {name!r} not found: give a YAML path or one of the run presets: {', '.join(presets)} "
-        f"(model/, stage/ and cluster/ under {CONFIGS_DIR} hold fragments to compose with _base_)"
+        f"(algo/, cluster/, model/ and stage/ under {CONFIGS_DIR} hold fragments to compose with _base_)"
     )
 
 
@@ -70,7 +70,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     return OmegaConf.merge(merged, OmegaConf.create(data))
 
 
-FRAGMENT_GROUPS = ("cluster", "model", "stage")
+FRAGMENT_GROUPS = ("algo", "cluster", "model", "stage")
 """Folders of configs/ whose fragments an override `GROUP=NAME` merges in place (e.g. cluster=cpu-3x)."""
 
 

@@ -216,6 +216,10 @@ class AlgoConfig:
     """Sample this many times the tasks per iteration so a batch still fills after dropping (1.0 = off)."""
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     """Off-policy correction in the DAPO loss: truncated importance sampling and trajectory masking."""
+    max_staleness: int = 0
+    """Bounded-staleness async RL (beyond the paper): 0 = the paper's synchronous loop; k >= 1 = the rollouts of
+    RL iterations i+1..i+k run while the trainer updates on i (within a stage), and a trajectory more than k
+    updates behind the trainer is never trained on (pipeline/ahead.py; preset: algo=async)."""
 
 
 @dataclass
@@ -499,6 +503,10 @@ class AgentConfig:
     """End the episode (format_limit) after this many malformed turns in a row; 0 never does (the paper)."""
     concurrency: int = 4
     """Episodes the rollout manager runs at once."""
+    partial_rollouts: bool = True
+    """When weights change mid-episode (algo.max_staleness >= 1): true = the episode goes on at its next turn
+    with the new weights (never mid-turn); false = the update waits for the episodes in flight to end, so
+    every episode is sampled by one version (engine/gate.py)."""
     infra_retries: int = 2
     """Times an episode that ended in an infrastructure failure is run again before it is given up (not
     after a timeout: a straggler would most likely straggle again)."""

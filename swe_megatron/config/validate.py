@@ -187,6 +187,11 @@ def _sampling_algo_problems(cfg: Any) -> list[str]:
             f"algo.adv_eps={cfg.algo.adv_eps} / oversample_factor={cfg.algo.oversample_factor} are invalid; "
             "allowed: adv_eps >= 0, oversample_factor >= 1.0"
         )
+    if cfg.algo.max_staleness < 0:
+        out.append(
+            f"algo.max_staleness={cfg.algo.max_staleness} is invalid; allowed: 0 (synchronous, the paper) or "
+            "k >= 1 (rollouts run up to k iterations ahead of the trainer)"
+        )
     for key in ("tis_cap", "mask_threshold"):
         value = cfg.algo.off_policy[key]
         if value is not None and not 0 < value < math.inf:

@@ -20,6 +20,8 @@ class Generation:
     """The engine's logprob of each sampled id under the untruncated temperature-1 distribution."""
     finish_reason: str
     """"stop" (end-of-turn token) or "length" (max_tokens reached)."""
+    policy_version: int | None = None
+    """The weight version the engine sampled with (set by engine/gate.py's VersionGate; None: not tracked)."""
 
 
 class Engine(Protocol):

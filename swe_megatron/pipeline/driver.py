@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from swe_megatron.engine.gate import VersionGate
 from swe_megatron.model.hf_config import check_matches_hf
 from swe_megatron.model.tokenizer import save_tokenizer
 from swe_megatron.monitor import NullMonitor
 from swe_megatron.pipeline import spmd
+from swe_megatron.pipeline.ahead import Ahead
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
 from swe_megatron.pipeline.stages import (
     Context,
@@ -90,15 +92,15 @@ def _resume(cfg, run_dir: RunDir) -> list[Path]:
     return sorted(p for p in tok.iterdir() if p.is_file())
 
 
-def _start_servers(cfg, topo: Topology, model_dir: str) -> Rollouts:
-    """Rank 0: the sandbox server(s) and the engines, serving model_dir at the schedule's longest context, and
-    the run's Rollouts around them."""
+def _start_servers(cfg, topo: Topology, model_dir: str, gate: VersionGate, version: int) -> Rollouts:
+    """Rank 0: the sandbox server(s) and the engines, serving model_dir (weight version `version`) at the
+    schedule's longest context behind `gate`, and the run's Rollouts around them."""
     sandboxes = topo.start_sandbox_server()
     contexts = [getattr(cfg, s).context_length for s in cfg.schedule if s != "eval"] + [
         cfg.eval.context_length
     ]
     engine = topo.start_engines(model_dir, max(contexts))
-    return Rollouts(cfg, engine, sandboxes, topo.chat)
+    return Rollouts(cfg, gate.serve(engine, version), sandboxes, topo.chat)
 
 
 def _run(cfg, world: spmd.World) -> int:
@@ -116,12 +118,18 @@ def _run(cfg, world: spmd.World) -> int:
         Topology, cfg, run_dir.root / "topology", run_dir.config_path, default=NullTopology()
     )
     sync = weight_sync.for_run(cfg.engine, tokenizer_files)
-    with topology as topo, contextlib.closing(sync):
-        ctx = Context(cfg, run_dir, topo, monitor, train, tokenizer_files, world=world, weight_sync=sync)
+    gate = VersionGate(per_episode=not cfg.agent.partial_rollouts)
+    ahead = Ahead(gate)
+    # Closed in reverse: rollouts still running ahead stop before the servers they use.
+    with topology as topo, contextlib.closing(sync), contextlib.closing(ahead):
+        ctx = Context(cfg, run_dir, topo, monitor, train, tokenizer_files, world=world, weight_sync=sync,
+                      gate=gate, ahead=ahead)  # fmt: skip
         try:
             initial_policy(ctx)
             _check_stop(ctx)
-            ctx.rollouts = world.lead(_start_servers, cfg, topo, ctx.hf_dir, share=lambda _: None)
+            ctx.rollouts = world.lead(
+                _start_servers, cfg, topo, ctx.hf_dir, gate, run_dir.step, share=lambda _: None
+            )
             for name in cfg.schedule:
                 if name == "rft":
                     warm_start(ctx)

@@ -32,9 +32,12 @@ from swe_megatron.algo import (
     split_optimizer_steps,
     tasks_to_sample,
 )
+from swe_megatron.algo.staleness import split_stale, staleness, staleness_metrics
 from swe_megatron.config.schema import LrSchedule, RunConfig
+from swe_megatron.engine.gate import VersionGate
 from swe_megatron.engine.scripted import ScriptedPolicy
 from swe_megatron.monitor import Monitor
+from swe_megatron.pipeline.ahead import Ahead
 from swe_megatron.pipeline.eval import evaluate
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
@@ -83,6 +86,10 @@ class Context:
     """How updates reach the engines (pipeline_method(engine.weight_sync).for_run, built at run start)."""
     rollouts: Rollouts | None = None
     """The run's rollout entry point (rank 0, once the servers run)."""
+    gate: VersionGate = field(default_factory=VersionGate)
+    """The run's engine behind the gate weight updates close (engine/gate.py; rank 0's serves the engines)."""
+    ahead: Ahead = field(default_factory=Ahead)
+    """Rollouts of later RL iterations while the trainer updates (algo.max_staleness >= 1; rank 0)."""
 
     @property
     def hf_dir(self) -> str:
@@ -156,7 +163,15 @@ def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict
     ckpt = ctx.world.lead(ctx.run.checkpoint_dir, unit)  # rank 0 wipes a leftover before anyone writes
     sync, hf = ctx.weight_sync, str(ckpt / "hf")
     t = time.perf_counter()
-    report = sync.sync(ctx.trainer, ctx.topo.engine, hf if sync.reads_export else None)
+    # Rank 0 waits for the turns in flight (rollouts ahead) and holds new ones back; the other ranks wait in the
+    # driver group (its timeout is long enough for a whole episode with agent.partial_rollouts=false).
+    ctx.world.lead(ctx.gate.pause)
+    try:
+        report = sync.sync(ctx.trainer, ctx.topo.engine, hf if sync.reads_export else None)
+    except BaseException:
+        ctx.gate.resume(None)
+        raise
+    ctx.gate.resume(ctx.run.step + 1)  # the version the commit will give these weights
     timings["weight_sync_s"] = time.perf_counter() - t
     t = time.perf_counter()
     # With broadcast the engines never read this export: it is the checkpoint's alone.
@@ -252,6 +267,8 @@ class Batch:
     """Timings (rank 0)."""
     info: Any = None
     """The RftReport, DapoBatch or warm-start data metrics behind the samples (rank 0)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """DAPO: trajectories dropped as too stale, and redone after an interrupted attempt (rank 0)."""
 
     def shared(self) -> Batch:
         """What the other ranks need: the samples and the number of optimiser steps."""
@@ -343,15 +360,55 @@ def rft_iteration(ctx: Context, it: int, stage_name: str = "rft") -> None:
     _commit(ctx, unit, ckpt, finish)
 
 
-def _dapo_rollouts(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
+@dataclass
+class Rolled:
+    """One RL unit's rollouts."""
+
+    trajs: list[Trajectory]
+    """Its trajectories, in (task, sample) order."""
+    seconds: dict[str, float]
+    """Rollout timings (RolloutStats.time_split)."""
+    redone: int
+    """Trajectories an interrupted earlier attempt of the unit had finished (discarded, rolled out again)."""
+
+
+def _dapo_tasks(ctx: Context, stage_name: str, it: int, unit: str) -> tuple:
+    """Rank 0, main thread: (stage, tasks, the unit's fresh folder, trajectories its interrupted attempt left)."""
     cfg, stage = ctx.cfg, getattr(ctx.cfg, stage_name)
+    left = ctx.run.unit_dir(unit) / "trajectories.jsonl"
+    redone = sum(1 for _ in left.open(encoding="utf-8")) if left.exists() else 0
     d = ctx.run.unit_dir(unit, fresh=True)
     pool = _pool(ctx, stage_name)
     n = tasks_to_sample(stage.tasks_per_iteration, cfg.algo.oversample_factor, len(pool.active))
-    tasks = _sample(ctx, pool, n, it)
-    trajs, seconds = _rollouts(ctx, stage, tasks, stage.samples_per_task, d)
+    return stage, _sample(ctx, pool, n, it), d, redone
+
+
+def _roll(ctx: Context, stage, tasks: list[Task], unit_dir: Path, redone: int) -> Rolled:
+    """tasks x G rollouts of a unit (on the main thread, or on the rollout thread ahead of the trainer)."""
+    return Rolled(*_rollouts(ctx, stage, tasks, stage.samples_per_task, unit_dir), redone)
+
+
+def _roll_ahead(ctx: Context, stage_name: str, it: int) -> None:
+    """Rank 0: start the rollouts of the stage's next algo.max_staleness iterations not started yet."""
+    last = min(it + ctx.cfg.algo.max_staleness, getattr(ctx.cfg, stage_name).iterations - 1)
+    for j in range(it + 1, last + 1):
+        unit = f"{stage_name}:{j}"
+        if not ctx.ahead.started(unit):
+            ctx.ahead.submit(unit, _roll, ctx, *_dapo_tasks(ctx, stage_name, j, unit))
+
+
+def _dapo_batch(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
+    """Rank 0: the unit's rollouts (started ahead, or now), the next units' started, the DAPO batch of the
+    trajectories at most max_staleness updates behind the trainer."""
+    cfg, stage = ctx.cfg, getattr(ctx.cfg, stage_name)
+    ctx.ahead.begin(stage_name)
+    t = time.perf_counter()
+    rolled = ctx.ahead.take(unit) or ctx.ahead.run(_roll, ctx, *_dapo_tasks(ctx, stage_name, it, unit))
+    waited = time.perf_counter() - t
+    _roll_ahead(ctx, stage_name, it)
+    kept, stale = split_stale(rolled.trajs, ctx.run.step, cfg.algo.max_staleness)
     max_groups = stage.tasks_per_iteration if cfg.algo.oversample_factor > 1 else None
-    batch = build_dapo_batch(trajs, DapoOptions.from_config(cfg.algo, stage), max_groups)
+    batch = build_dapo_batch(kept, DapoOptions.from_config(cfg.algo, stage), max_groups)
     samples = to_samples(
         batch.trajectories, [t.loss_mask(mask_malformed=False) for t in batch.trajectories],
         batch.advantages.tolist(),
@@ -359,16 +416,18 @@ def _dapo_rollouts(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
     n_steps = num_optimizer_steps(
         len(samples), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
     )
-    return Batch(samples, n_steps, trajs, seconds, batch)
+    counts = {"dropped_stale": len(stale), "redone_on_resume": rolled.redone}
+    return Batch(samples, n_steps, rolled.trajs, rolled.seconds | {"trainer_wait_s": waited}, batch, counts)
 
 
 def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
-    """One DAPO iteration (stage1/stage2): rollouts, length penalty, group advantages, dynamic sampling, update."""
+    """One DAPO iteration (stage1/stage2): rollouts, length penalty, group advantages, dynamic sampling, update.
+    With algo.max_staleness >= 1 the next iterations' rollouts run during the update (pipeline/ahead.py)."""
     stage, unit = getattr(ctx.cfg, stage_name), f"{stage_name}:{it}"
     if ctx.run.is_done(unit):
         return
     t0 = time.perf_counter()
-    b = ctx.world.lead(_dapo_rollouts, ctx, stage_name, it, unit, share=Batch.shared)
+    b = ctx.world.lead(_dapo_batch, ctx, stage_name, it, unit, share=Batch.shared)
     trainer = trainer_for(ctx, stage_name, stage.iterations * max(stage.max_optimizer_steps, 1))
     t = time.perf_counter()
     loss = LossSpec("dapo", stage.eps_low, stage.eps_high, ctx.cfg.algo.off_policy)
@@ -380,8 +439,21 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
         _record(ctx, it, b.trajs)
         metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr) | b.info.as_metrics()
         metrics["train"] = train_metrics(steps)
-        metrics["time"] = b.seconds | {"iteration_s": time.perf_counter() - t0}
+        busy, cycle = ctx.ahead.clock.take()
+        metrics["time"] = b.seconds | {
+            "iteration_s": time.perf_counter() - t0,
+            "cycle_s": cycle,
+            "trainer_idle_frac": b.seconds["trainer_wait_s"] / cycle if cycle else 0.0,
+            "engine_idle_frac": max(0.0, 1.0 - busy / cycle) if cycle else 0.0,
+        }
+        metrics["async"] = staleness_metrics(b.trajs, ctx.run.step, b.counts["dropped_stale"]) | {
+            "redone_on_resume": float(b.counts["redone_on_resume"]),
+            "max_staleness": float(ctx.cfg.algo.max_staleness),
+        }
         metrics["pool"] = {"active": float(len(ctx.pool.active))}
+        ctx.monitor.histogram(
+            "async/staleness_hist", [staleness(t, ctx.run.step) for t in b.trajs], ctx.run.step
+        )
         _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
 
     _commit(ctx, unit, ckpt, finish)
