@@ -17,7 +17,7 @@ from swe_megatron.config import schema as S
 RUN_PRESETS = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
 FRAGMENTS = sorted(
     str(p.relative_to(CONFIGS_DIR))
-    for d in ("model", "stage", "cluster")
+    for d in ("algo", "model", "stage", "cluster")
     for p in (CONFIGS_DIR / d).glob("*.yaml")
 )
 
@@ -126,6 +126,7 @@ def test_overrides_and_interpolation():
         ("algo.off_policy.tis_cap=0", ["algo.off_policy.tis_cap=0", "> 0", "null"]),
         ("algo.off_policy.tis_cap=-1.5", ["algo.off_policy.tis_cap=-1.5", "> 0"]),
         ("algo.off_policy.mask_threshold=0.0", ["algo.off_policy.mask_threshold=0.0", "> 0", "null"]),
+        ("algo.max_staleness=-1", ["algo.max_staleness=-1", "0 (synchronous", "k >= 1"]),
     ],
 )
 def test_bad_values_fail_with_one_message(override, needles):
@@ -283,3 +284,6 @@ def test_a_group_override_merges_a_fragment_in_place(tmp_path):
     assert later.parallel.world_size == 1
     with pytest.raises(ConfigError, match=r"cluster=cpu-9x.*cpu-3x.*local-cpu"):
         load_config("embedded", ["cluster=cpu-9x"])
+    fast = load_config("embedded", ["algo=async"])  # the async preset turns the off-policy correction on
+    assert fast.algo.max_staleness == 1 and fast.algo.off_policy.tis_cap == 2.0 and fast.agent.partial_rollouts
+    assert load_config("embedded").algo.max_staleness == 0  # the paper's synchronous loop by default

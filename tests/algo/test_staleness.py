@@ -1,0 +1,42 @@
+"""algo/staleness.py by hand: a trajectory is as old as its oldest turn; more than k behind is dropped."""
+
+import pytest
+
+from swe_megatron.algo.staleness import split_stale, staleness, staleness_metrics
+from swe_megatron.trajectory import Trajectory
+
+
+def _traj(i: int, versions: list[int]) -> Trajectory:
+    return Trajectory(task_id="t", sample_index=i, policy_versions=versions)
+
+
+def test_staleness_is_counted_from_the_oldest_turn():
+    assert staleness(_traj(0, [5, 5, 6]), 6) == 1
+    assert staleness(_traj(0, [6, 6]), 6) == 0
+    assert staleness(_traj(0, []), 9) == 0  # not tracked (a scripted policy): on-policy by definition
+
+
+def test_more_than_k_updates_behind_is_dropped_and_counted():
+    trajs = [_traj(0, [4, 5]), _traj(1, [5]), _traj(2, [3, 4, 5]), _traj(3, [6])]
+    kept, dropped = split_stale(trajs, 6, 1)
+    assert [t.sample_index for t in kept] == [1, 3] and [t.sample_index for t in dropped] == [0, 2]
+    kept, dropped = split_stale(trajs, 6, 3)
+    assert len(kept) == 4 and not dropped
+    assert split_stale(trajs, 6, 0)[0] == [trajs[3]]
+    with pytest.raises(ValueError, match="max_staleness=-1"):
+        split_stale(trajs, 6, -1)
+    m = staleness_metrics(trajs, 6, dropped=2)
+    assert m == {"staleness_mean": (2 + 1 + 3 + 0) / 4, "staleness_max": 3.0, "mixed_version_trajectories": 2.0,
+                 "dropped_stale": 2.0}  # fmt: skip
+
+
+def test_a_trajectory_with_a_version_per_turn_checks():
+    t = Trajectory(task_id="t", sample_index=0, token_ids=[1, 2, 3], action_mask=[0, 1, 1], logprobs=[0, -1, -1],
+                   prompt_len=1, turn_spans=[[1, 2], [2, 3]], num_steps=2, policy_versions=[0, 1])  # fmt: skip
+    t.check()
+    t.policy_versions = [0]
+    with pytest.raises(ValueError, match="1 policy_versions but 2 assistant turns"):
+        t.check()
+    assert Trajectory.from_json(
+        Trajectory(task_id="t", sample_index=0, policy_versions=[2]).to_json()
+    ).policy_versions == [2]

@@ -1,0 +1,119 @@
+"""engine/gate.py: weight updates land between turns (or between episodes), and each turn carries its version.
+
+A fake engine at the outer boundary (a generation that blocks until the test releases it) stands in for vLLM:
+what is tested is the gate's ordering, which needs the timing under the test's control.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from swe_megatron.engine.base import EngineError, Generation
+from swe_megatron.engine.gate import VersionGate
+
+
+class HeldEngine:
+    """Fake engine: each generate blocks until `release` is set; it records the calls it got."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self.ended: list[str] = []
+
+    def generate(self, prompt_ids, max_tokens, session=""):
+        self.calls.append(session)
+        assert self.release.wait(10)
+        return Generation([1], [-0.5], "stop")
+
+    def end_session(self, session):
+        self.ended.append(session)
+
+
+def _start(fn, *args) -> tuple[threading.Thread, list]:
+    out: list = []
+    th = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    th.start()
+    return th, out
+
+
+def _wait_until(cond, timeout=5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_an_update_waits_for_the_turn_in_flight_and_later_turns_get_the_new_version():
+    engine = HeldEngine()
+    gate = VersionGate().serve(engine, 3)
+    turn, got = _start(gate.generate, [0], 4, "ep")
+    _wait_until(lambda: engine.calls)
+    paused, _ = _start(gate.pause)
+    time.sleep(0.2)
+    assert paused.is_alive(), "the update must wait for the turn in flight"
+    late, late_got = _start(
+        gate.generate, [0], 4, "ep"
+    )  # the episode's next turn comes while the update waits
+    engine.release.set()
+    turn.join(5)
+    paused.join(5)
+    assert got[0].policy_version == 3 and not paused.is_alive()
+    time.sleep(0.2)
+    assert late.is_alive() and len(engine.calls) == 1, "no turn may start while the weights change"
+    gate.resume(4)
+    late.join(5)
+    assert late_got[0].policy_version == 4
+
+
+def test_a_failed_update_keeps_the_version():
+    gate = VersionGate().serve(HeldEngine(), 7)
+    gate.engine.release.set()
+    gate.pause()
+    gate.resume(None)
+    assert gate.generate([0], 1, "s").policy_version == 7
+
+
+def test_per_episode_an_update_waits_for_whole_episodes_and_new_episodes_wait_for_it():
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(per_episode=True).serve(engine, 0)
+    assert gate.generate([0], 1, "a").policy_version == 0
+    paused, _ = _start(gate.pause)
+    time.sleep(0.2)
+    assert paused.is_alive(), "episode a is still running: the update waits for it"
+    # a goes on with the weights it started with; a new episode b waits for the update.
+    assert gate.generate([0], 1, "a").policy_version == 0
+    b, b_got = _start(gate.generate, [0], 1, "b")
+    time.sleep(0.2)
+    assert b.is_alive() and paused.is_alive()
+    gate.end_session("a")
+    paused.join(5)
+    assert not paused.is_alive() and b.is_alive()
+    gate.resume(1)
+    b.join(5)
+    assert b_got[0].policy_version == 1 and engine.ended == ["a"]
+
+
+def test_closing_refuses_turns_and_wakes_those_waiting():
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate().serve(engine, 0)
+    gate.pause()
+    waiting, got = _start(lambda: _refused(gate))
+    time.sleep(0.1)
+    gate.close("stopping")
+    waiting.join(5)
+    assert got == ["stopping"]
+    with pytest.raises(EngineError, match="stopping"):
+        gate.generate([0], 1, "x")
+
+
+def _refused(gate: VersionGate) -> str:
+    try:
+        gate.generate([0], 1, "w")
+    except EngineError as e:
+        return str(e)
+    return "not refused"
