@@ -19,6 +19,8 @@ from typing import Any
 from swe_megatron.trajectory import Trajectory
 
 POOL_FORMAT = 1
+KEPT_SAMPLES = 16
+"""Latest samples a pool remembers for reruns (more than any algo.max_staleness in use needs)."""
 
 
 @dataclass
@@ -131,8 +133,9 @@ class TaskPool:
         """The stage in progress (set by start_stage)."""
         self.cursor: dict[str, int] = {}
         """Per stage: positions consumed in that stage's stream of epoch permutations."""
-        self.last_sample: dict[str, Any] | None = None
-        """{"stage", "iteration", "tasks"} of the latest sample, returned again if that iteration reruns."""
+        self.samples: list[dict[str, Any]] = []
+        """{"stage", "iteration", "tasks"} of the latest samples (at most KEPT_SAMPLES, oldest first), returned
+        again if their iteration reruns (async RL samples iterations ahead of the one a resume reruns first)."""
         self.log: dict[str, dict[str, list[int]]] = {}
         """"stage:iteration" -> {task id: [attempts, successes]}."""
         self.refresh_reports: dict[str, dict[str, int]] = {}
@@ -149,7 +152,7 @@ class TaskPool:
             "active": self.active,
             "stage": self.stage,
             "cursor": self.cursor,
-            "last_sample": self.last_sample,
+            "samples": self.samples,
             "log": self.log,
             "refresh_reports": self.refresh_reports,
         }
@@ -163,7 +166,7 @@ class TaskPool:
         pool.active = list(data["active"])
         pool.stage = data["stage"]
         pool.cursor = {k: int(v) for k, v in data["cursor"].items()}
-        pool.last_sample = data["last_sample"]
+        pool.samples = list(data["samples"]) if "samples" in data else [s for s in [data["last_sample"]] if s]
         pool.log = {k: {t: [int(a), int(s)] for t, (a, s) in v.items()} for k, v in data["log"].items()}
         pool.refresh_reports = dict(data["refresh_reports"])
         return pool
@@ -228,7 +231,8 @@ class TaskPool:
 
         The stream is a sequence of permutations of the active tasks, epoch e shuffled by a RNG seeded
         with (seed, stage, e); a task already drawn in this call is skipped at an epoch boundary. Asking
-        again for the iteration just sampled (a rerun after a crash) returns the same tasks.
+        again for an iteration among the latest KEPT_SAMPLES sampled (a rerun after a crash, also of iterations
+        async RL sampled ahead) returns the same tasks.
         """
         stage = self._require_stage()
         if n < 1:
@@ -238,14 +242,14 @@ class TaskPool:
                 f"TaskPool.sample: stage {stage} has no active tasks (check the task file and filters)"
             )
         want = min(n, len(self.active))
-        last = self.last_sample
-        if last is not None and last["stage"] == stage and last["iteration"] == iteration:
-            if len(last["tasks"]) != want:
-                raise ValueError(
-                    f"TaskPool.sample: iteration {iteration} of {stage} was sampled with {len(last['tasks'])} "
-                    f"tasks, now {want} are asked for; keep tasks_per_iteration fixed when resuming"
-                )
-            return list(last["tasks"])
+        for last in self.samples:
+            if last["stage"] == stage and last["iteration"] == iteration:
+                if len(last["tasks"]) != want:
+                    raise ValueError(
+                        f"TaskPool.sample: iteration {iteration} of {stage} was sampled with {len(last['tasks'])} "
+                        f"tasks, now {want} are asked for; keep tasks_per_iteration fixed when resuming"
+                    )
+                return list(last["tasks"])
         size = len(self.active)
         cursor = self.cursor.get(stage, 0)
         chosen: list[str] = []
@@ -262,7 +266,9 @@ class TaskPool:
                 seen.add(tid)
                 chosen.append(tid)
         self.cursor[stage] = cursor
-        self.last_sample = {"stage": stage, "iteration": iteration, "tasks": chosen}
+        self.samples = [*self.samples, {"stage": stage, "iteration": iteration, "tasks": chosen}][
+            -KEPT_SAMPLES:
+        ]
         return list(chosen)
 
     def _epoch_order(self, stage: str, epoch: int) -> list[str]:

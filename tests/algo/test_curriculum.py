@@ -184,3 +184,15 @@ def test_outcomes_skip_infrastructure_failures_and_drift():
         build_trajectory("b", 1),
     ]
     assert outcomes(trajs) == [("a", True), ("b", False)]
+
+
+def test_iterations_sampled_ahead_return_their_tasks_when_rerun_in_order():
+    """Async RL (max_staleness k) samples iterations i+1..i+k before i is recorded; a resume reruns them from
+    i+1, and each must get the tasks it had (from a saved pool too)."""
+    pool = TaskPool(TASKS, seed=3)
+    pool.start_stage("stage1")
+    first, ahead, further = pool.sample(3, 0), pool.sample(3, 1), pool.sample(3, 2)
+    saved = TaskPool.from_dict(pool.to_dict())
+    for p in (pool, saved):
+        assert [p.sample(3, 0), p.sample(3, 1), p.sample(3, 2)] == [first, ahead, further]
+        assert set(p.sample(3, 3)).isdisjoint(first + ahead + further)  # 23 tasks: still the first epoch

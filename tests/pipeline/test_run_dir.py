@@ -181,4 +181,4 @@ def test_a_crash_while_saving_the_pool_leaves_the_previous_file(tmp_path, monkey
         run.save_pool(pool)
     monkeypatch.undo()
     assert run.pool_path.read_text() == before
-    assert run.open_pool(["a", "b", "c"], seed=0).to_dict()["last_sample"] is None
+    assert run.open_pool(["a", "b", "c"], seed=0).to_dict()["samples"] == []
