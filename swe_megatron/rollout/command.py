@@ -105,7 +105,8 @@ def render_trajectory(traj, color: bool = False) -> str:
     for m in traj.messages:
         tag = m["role"]
         if tag == "assistant":
-            tag += f" [turn {turn}{', MALFORMED' if turn in traj.malformed_turns else ''}]"
+            version = f", weights v{traj.policy_versions[turn]}" if turn < len(traj.policy_versions) else ""
+            tag += f" [turn {turn}{version}{', MALFORMED' if turn in traj.malformed_turns else ''}]"
             turn += 1
         lines += ["", f"{bold}── {tag} ──{reset}", m["content"]]
     if traj.patch:

@@ -3,6 +3,7 @@
 import pytest
 
 from swe_megatron.algo.staleness import split_stale, staleness, staleness_metrics
+from swe_megatron.rollout.command import render_trajectory
 from swe_megatron.trajectory import Trajectory
 
 
@@ -34,6 +35,9 @@ def test_a_trajectory_with_a_version_per_turn_checks():
     t = Trajectory(task_id="t", sample_index=0, token_ids=[1, 2, 3], action_mask=[0, 1, 1], logprobs=[0, -1, -1],
                    prompt_len=1, turn_spans=[[1, 2], [2, 3]], num_steps=2, policy_versions=[0, 1])  # fmt: skip
     t.check()
+    t.messages = [{"role": "user", "content": "fix"}, {"role": "assistant", "content": "a"},
+                  {"role": "assistant", "content": "b"}]  # fmt: skip
+    assert "[turn 1, weights v1]" in render_trajectory(t)  # show-trajectory names the weights of each turn
     t.policy_versions = [0]
     with pytest.raises(ValueError, match="1 policy_versions but 2 assistant turns"):
         t.check()
