@@ -185,6 +185,9 @@ def test_three_node_job_loses_a_sandbox_server_then_its_engine_and_resumes(nodes
     done = _state(run_dir)["done"]
     assert [u for u in done if u.startswith("stage2")] == ["stage2:0", "stage2:1", "stage2:2"]
     assert len(done) == len(set(done))
+    for it in range(3):
+        m = json.loads((run_dir / "units" / f"stage2-{it}" / "metrics.json").read_text())["async"]
+        assert m["max_staleness"] == 1 and m["staleness_max"] <= 1 and m["dropped_stale"] == 0, (it, m)
     for it in (1, 2):
         lines = (run_dir / "units" / f"stage2-{it}" / "trajectories.jsonl").read_text().splitlines()
         assert len(lines) == 8 and not any(json.loads(t)["infra_failure"] for t in lines)
@@ -226,14 +229,16 @@ def test_losing_a_whole_node_ends_the_job_and_never_hangs(nodes, tasks, short_di
 
 
 def test_launch_submits_three_nodes_and_usr2_requeues_each_iteration_once(nodes, tasks, short_dir):
-    """`swe-megatron launch embedded --cluster slurm cluster=cpu-3x`: submitit asks for the config's 3 nodes;
-    `scancel --signal=USR2` after the first iteration: the job stops at a safe point, requeues and resumes;
-    every iteration is committed exactly once."""
+    """`swe-megatron launch embedded --cluster slurm cluster=cpu-3x algo=async`: submitit asks for the config's 3
+    nodes; `scancel --signal=USR2` after the first iteration: the job stops at a safe point (rollouts running
+    ahead are cancelled), requeues and resumes; every iteration is committed exactly once, none trained on
+    tokens more than one update old (the async loop across nodes: broadcast updates behind the engine gate)."""
     from swe_megatron.launch.submit import submit
 
     run_dir = short_dir / "run"
     overrides = [f"run_dir={run_dir}", "schedule=[stage2]", "stage2.iterations=3", "cluster.partition=debug",
-                 "cluster.mem_gb_per_node=4", "cluster.time_limit_min=30", *THREE_NODES, *tasks, *TINY]  # fmt: skip
+                 "cluster.mem_gb_per_node=4", "cluster.time_limit_min=30", *THREE_NODES, *tasks, *TINY,
+                 "algo=async"]  # fmt: skip
     job = submit("embedded", overrides, cluster="slurm")
     deadline = time.monotonic() + 900
     while "stage2:0" not in _state(run_dir)["done"]:
@@ -250,6 +255,9 @@ def test_launch_submits_three_nodes_and_usr2_requeues_each_iteration_once(nodes,
     done = _state(run_dir)["done"]
     assert [u for u in done if u.startswith("stage2")] == ["stage2:0", "stage2:1", "stage2:2"]
     assert len(done) == len(set(done))
+    for it in range(3):
+        m = json.loads((run_dir / "units" / f"stage2-{it}" / "metrics.json").read_text())["async"]
+        assert m["max_staleness"] == 1 and m["staleness_max"] <= 1 and m["dropped_stale"] == 0, (it, m)
     restarts = _run(["scontrol", "show", "job", job.job_id], check=False).stdout
     log = _tail(job.paths.stdout, 10**6) + _tail(job.paths.stderr, 10**6)
     assert "Restarts=1" in restarts or "requeue" in log.lower(), log[-3000:]
