@@ -285,5 +285,7 @@ def test_a_group_override_merges_a_fragment_in_place(tmp_path):
     with pytest.raises(ConfigError, match=r"cluster=cpu-9x.*cpu-3x.*local-cpu"):
         load_config("embedded", ["cluster=cpu-9x"])
     fast = load_config("embedded", ["algo=async"])  # the async preset turns the off-policy correction on
-    assert fast.algo.max_staleness == 1 and fast.algo.off_policy.tis_cap == 2.0 and fast.agent.partial_rollouts
+    assert (
+        fast.algo.max_staleness == 1 and fast.algo.off_policy.tis_cap == 2.0 and fast.agent.partial_rollouts
+    )
     assert load_config("embedded").algo.max_staleness == 0  # the paper's synchronous loop by default
