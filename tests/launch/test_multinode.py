@@ -185,9 +185,6 @@ def test_three_node_job_loses_a_sandbox_server_then_its_engine_and_resumes(nodes
     done = _state(run_dir)["done"]
     assert [u for u in done if u.startswith("stage2")] == ["stage2:0", "stage2:1", "stage2:2"]
     assert len(done) == len(set(done))
-    for it in range(3):
-        m = json.loads((run_dir / "units" / f"stage2-{it}" / "metrics.json").read_text())["async"]
-        assert m["max_staleness"] == 1 and m["staleness_max"] <= 1 and m["dropped_stale"] == 0, (it, m)
     for it in (1, 2):
         lines = (run_dir / "units" / f"stage2-{it}" / "trajectories.jsonl").read_text().splitlines()
         assert len(lines) == 8 and not any(json.loads(t)["infra_failure"] for t in lines)
