@@ -217,9 +217,9 @@ class AlgoConfig:
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     """Off-policy correction in the DAPO loss: truncated importance sampling and trajectory masking."""
     max_staleness: int = 0
-    """Bounded-staleness async RL (beyond the paper): 0 = the paper's synchronous loop; k >= 1 = the rollouts of
-    RL iterations i+1..i+k run while the trainer updates on i (within a stage), and a trajectory more than k
-    updates behind the trainer is never trained on (pipeline/ahead.py; preset: algo=async)."""
+    """Bounded-staleness async RL (beyond the paper): 0 = the paper's synchronous loop; k in 1..15 = the
+    rollouts of RL iterations i+1..i+k run while the trainer updates on i (within a stage), and a trajectory more
+    than k updates behind the trainer is never trained on (pipeline/ahead.py; preset: algo=async)."""
 
 
 @dataclass

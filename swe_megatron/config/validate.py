@@ -16,6 +16,10 @@ from swe_megatron.config.schema import (
     max_positions,
 )
 
+MAX_STALENESS = 15
+"""Largest algo.max_staleness: a resume reruns an iteration and the k sampled ahead of it, and the task pool
+remembers its latest algo.curriculum.KEPT_SAMPLES (16) samples to give them their tasks again."""
+
 # Sampling settings that must be "off" in RL: any truncation biases the importance ratio
 # (the paper: top-k/min-p silently enabled by an engine upgrade degraded training after 5-10 iterations).
 UNTRUNCATED = {
@@ -187,10 +191,10 @@ def _sampling_algo_problems(cfg: Any) -> list[str]:
             f"algo.adv_eps={cfg.algo.adv_eps} / oversample_factor={cfg.algo.oversample_factor} are invalid; "
             "allowed: adv_eps >= 0, oversample_factor >= 1.0"
         )
-    if cfg.algo.max_staleness < 0:
+    if not 0 <= cfg.algo.max_staleness <= MAX_STALENESS:
         out.append(
             f"algo.max_staleness={cfg.algo.max_staleness} is invalid; allowed: 0 (synchronous, the paper) or "
-            "k >= 1 (rollouts run up to k iterations ahead of the trainer)"
+            f"1..{MAX_STALENESS} (rollouts run up to k iterations ahead of the trainer)"
         )
     for key in ("tis_cap", "mask_threshold"):
         value = cfg.algo.off_policy[key]

@@ -2,8 +2,8 @@
 
 With asynchronous RL (algo.max_staleness >= 1) the next iteration's episodes run while the trainer updates, so
 an update can land mid-episode. `VersionGate.pause()` waits for the generations in flight and holds new
-ones back until `resume(version)` says the engines serve `version`: an update never lands mid-turn, and every Generation
-says which version sampled it (`policy_version`). With agent.partial_rollouts=false the gate is held per
+ones back until `resume(version)` says the engines serve `version`: an update never lands mid-turn, and every
+Generation says which version sampled it (`policy_version`). With agent.partial_rollouts=false the gate is held per
 episode instead of per turn: an update waits for the episodes in flight to end, and the episodes it holds back
 start on the new weights, so each episode is sampled by one version.
 """

@@ -196,3 +196,10 @@ def test_iterations_sampled_ahead_return_their_tasks_when_rerun_in_order():
     for p in (pool, saved):
         assert [p.sample(3, 0), p.sample(3, 1), p.sample(3, 2)] == [first, ahead, further]
         assert set(p.sample(3, 3)).isdisjoint(first + ahead + further)  # 23 tasks: still the first epoch
+
+
+def test_the_pool_remembers_enough_samples_for_the_largest_staleness():
+    from swe_megatron.algo.curriculum import KEPT_SAMPLES
+    from swe_megatron.config.validate import MAX_STALENESS
+
+    assert MAX_STALENESS + 1 <= KEPT_SAMPLES  # the rerun iteration and the k sampled ahead of it
