@@ -134,7 +134,9 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     # algo.max_staleness=0 (the default) is the paper's synchronous loop: every turn of every unit was sampled
     # by the weights the trainer then updates from (the unit's step), nothing ran ahead, nothing was dropped.
     for u, step in (("rft-0", 1), ("stage1-0", 2), ("stage1-1", 3), ("stage2-0", 4)):
-        trajs = [json.loads(x) for x in (run_dir / "units" / u / "trajectories.jsonl").read_text().splitlines()]
+        trajs = [
+            json.loads(x) for x in (run_dir / "units" / u / "trajectories.jsonl").read_text().splitlines()
+        ]
         assert all(t["policy_versions"] == [step] * t["num_steps"] for t in trajs), u
         if u != "rft-0":
             a = json.loads((run_dir / "units" / u / "metrics.json").read_text())["async"]
