@@ -4,7 +4,8 @@ For each seed, for each mode, one after the other (never two at once), it runs t
 its eval (eval is not what is measured):
 
     swe-megatron run embedded run_dir=RUN_ROOT/<mode>-s<seed> seed=<seed> schedule=[rft,stage1,stage2]
-    (+ algo=async for the async mode: algo.max_staleness=1, configs/algo/async.yaml)
+    (+ algo=async for the async mode: algo.max_staleness=1, configs/algo/async.yaml;
+     + algo.max_staleness=1 alone for the k1 mode: the same staleness without the off-policy correction)
 
 in a fresh run dir, with OMP_NUM_THREADS=1. With pinning (the default), the engine and the sandboxes run on
 core 0 and the trainer on core 1: the job starts under `taskset -c 0` (the sandbox server and the vLLM server
@@ -50,7 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from swe_megatron.atomic_write import write_json_atomic  # noqa: E402
 
-MODES = {"sync": [], "async": ["algo=async"]}
+MODES = {"sync": [], "async": ["algo=async"], "k1": ["algo.max_staleness=1"]}
+"""k1: one update of staleness with nothing else of the async preset (no off-policy correction)."""
 STAGES = ("stage1", "stage2")
 RESERVED = ("seed", "run_dir", "schedule", "algo", "algo.max_staleness")
 """Override keys the benchmark sets itself (per run or per mode)."""

