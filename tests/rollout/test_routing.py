@@ -157,8 +157,10 @@ def test_engine_death_mid_iteration_retries_episodes_on_the_other_server(tmp_pat
     assert len(trajs) == 8
     assert all(t.exit_reason == ExitReason.submitted and not t.excluded for t in trajs)
     assert stats.retries >= 1 and stats.infra_failures == 0
-    assert list(eng.rotation.dead) == [0] and a.completions >= 3
-    assert b.completions == 8 - 2  # every episode but the two a finished before it died
+    assert list(eng.rotation.dead) == [0] and a.completions >= 3 and 1 <= a.answered <= 2
+    # every episode but those a answered before it died (1 or 2: a request in flight when it dies is lost
+    # too, and which arrives third depends on thread timing) is redone on b, and none is run twice
+    assert b.completions == 8 - a.answered
     check_servers(eng)  # b is left: the iteration stands
 
 

@@ -20,6 +20,9 @@ class VllmStub:
         self, turn_ids: list[int], delay_s: float = 0.0, die_after: int = 0, fail_reload: bool = False
     ):
         self.completions = 0
+        """Completion requests received (counted on arrival, the one that kills it included)."""
+        self.answered = 0
+        """Completion requests answered (a request in flight when the server dies gets no answer)."""
         self.paths: list[str] = []
         self.dead = threading.Event()
         lock = threading.Lock()
@@ -27,9 +30,11 @@ class VllmStub:
 
         class H(BaseHTTPRequestHandler):
             def _answer(self, data: bytes) -> None:
-                if stub.dead.is_set():
-                    self.close_connection = True  # a crashed server: no answer at all
-                    return
+                with lock:
+                    if stub.dead.is_set():
+                        self.close_connection = True  # a crashed server: no answer at all
+                        return
+                    stub.answered += self.path == "/v1/completions"
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
