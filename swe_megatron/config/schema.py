@@ -383,6 +383,11 @@ class SandboxConfig:
     """Wall-clock limit of one agent command."""
     grade_timeout_s: float = 900.0
     """Wall-clock limit of one grading run."""
+    grade_max_patch_bytes: int = 1 << 20
+    """Largest model patch graded; a larger one is unresolved (not excluded) without a sandbox being started."""
+    grade_apply_timeout_s: float = 60.0
+    """Wall-clock budget for applying the model patch (all of SWE-bench's apply methods together); a patch
+    that has not applied within it is unresolved (not excluded): how long it takes is under its control."""
     output_cap_bytes: int = 65536
     """Command output kept (the rest is cut with a visible notice)."""
     max_concurrent: int = 16

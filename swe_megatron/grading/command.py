@@ -64,6 +64,8 @@ def _grade(args: argparse.Namespace) -> int:
         workers=args.workers,
         on_result=progress,
         test_timeout_s=float(args.timeout if args.timeout is not None else cfg.grade_timeout_s),
+        max_patch_bytes=cfg.grade_max_patch_bytes,
+        apply_timeout_s=cfg.grade_apply_timeout_s,
     )
     report = build_report(results, by_id, predictions)
     write_report(report, out)

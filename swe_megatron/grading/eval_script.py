@@ -30,8 +30,6 @@ TIMEOUT_EXIT_CODES = (124, 137)
 """Exit statuses of `timeout` when it ended the test command (TERM, then KILL)."""
 KILL_AFTER_S = 10
 """Seconds between timeout's TERM and KILL."""
-SETUP_EXIT_CODES = (90, 91)
-"""Exit statuses of the eval script when its own setup failed, before the tests started (an error)."""
 
 
 def apply_command(cmd: str, patch_path: str) -> str:
@@ -68,6 +66,12 @@ def restore_tests_command(
     return "\n".join(steps)
 
 
+def setup_command(grade_dir: str, record: bool) -> str:
+    """The eval script's setup, run as a harness step before the model patch is applied (so its failure is
+    provably not the model's): the write-only folder the harness record goes to."""
+    return f"mkdir -m 0333 {shlex.quote(grade_dir + '/out')}" if record else "true"
+
+
 def test_script(
     test_cmd: str,
     workdir: str,
@@ -76,21 +80,21 @@ def test_script(
     *,
     pytest_summary: bool,
     record: bool,
-    output_cap_bytes: int,
 ) -> str:
     """The eval script: run the test command once, output to grade_dir/test_output.txt, status to exit_code.
 
-    pytest_summary adds -rA through PYTEST_ADDOPTS (the summary lines swebench's pytest parsers read);
-    record loads pytest_record.py through PYTEST_PLUGINS/PYTHONPATH. Only shell builtins run between the
-    tests and writing their status, so a patch that exhausts the process limit cannot stop it.
+    Run as `bash -c SCRIPT` (never from a file the sandbox user could rewrite while bash reads it); its setup
+    is `setup_command`, run before the patch is applied, so nothing in here decides an exclusion: whatever
+    it leaves behind is read by the host as untrusted, size-capped input. pytest_summary adds -rA through
+    PYTEST_ADDOPTS (the summary lines swebench's pytest parsers read); record loads pytest_record.py through
+    PYTEST_PLUGINS/PYTHONPATH. Only shell builtins run between the tests and writing their status, so a patch
+    that exhausts the process limit cannot stop it.
     """
-    cap = int(output_cap_bytes)
-    lines = ["#!/bin/bash", "set -u", f"D={shlex.quote(grade_dir)}", f"cd {shlex.quote(workdir)} || exit 90"]
+    lines = ["set -u", f"D={shlex.quote(grade_dir)}", f"cd {shlex.quote(workdir)} || exit 1"]
     if pytest_summary:
         lines.append('export PYTEST_ADDOPTS="-rA${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"')
     if record:
         lines += [
-            'mkdir -m 0333 "$D/out" || exit 91',  # write-only: the record's name cannot be listed
             f'export PYTEST_PLUGINS="{PLUGIN_MODULE}${{PYTEST_PLUGINS:+,$PYTEST_PLUGINS}}"',
             'export PYTHONPATH="$D/plugin${PYTHONPATH:+:$PYTHONPATH}"',
             f'export {TOKEN_ENV}="$D/token"',
@@ -100,12 +104,6 @@ def test_script(
         f'timeout -k {KILL_AFTER_S} {seconds} bash --noprofile --norc -c {shlex.quote(test_cmd)} </dev/null >"$D/test_output.txt" 2>&1',
         'echo $? >"$D/exit_code"',
         *(['chmod 0700 "$D/out"'] if record else []),
-        "# Cut a runaway log to its tail (the summary is at the end); a failure here only loses the cut.",
-        'size=$(stat -c %s "$D/test_output.txt" 2>/dev/null || echo 0)',
-        f'if [ "$size" -gt {cap} ]; then',
-        f'  tail -c {cap} "$D/test_output.txt" >"$D/test_output.tail" && mv -f "$D/test_output.tail" "$D/test_output.txt" '
-        f'&& echo $((size - {cap})) >"$D/cut_bytes"',
-        "fi",
         "exit 0",
     ]
     return "\n".join(lines) + "\n"

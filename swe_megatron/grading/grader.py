@@ -14,13 +14,13 @@ run unresolved; when the run otherwise claimed success, or the must-fail canary 
 result is flagged `tampered` (a blanket rewrite of outcomes turns the failing canary into a pass; a
 forged record or log lacks the canaries or gets them wrong).
 
-What counts as what (the excluded kinds are the Excluded enum; no patch may turn its failure into an exclusion):
-- error (excluded, never a 0): the sandbox failed (SandboxError), a harness step timed out, the task
-  cannot be graded (no test command, the test patch does not apply), or a bug in the harness. The
-  sanitiser keeps the patch away from everything the harness steps before the tests depend on (test
-  files and their folders, .git), so a patch cannot steer grading into this bucket; during the tests
-  the sandbox's limits end runaway code with an ordinary exit, not a SandboxError.
-- unresolved (reward 0): the patch did not apply; the tests failed; the test process was killed or
+What counts as what (the excluded kinds are the Excluded enum; when one may be used is exclusion.py's rule):
+- error (excluded, never a 0): the sandbox failed (SandboxError), a harness step failed or timed out, the
+  task cannot be graded (no test command, the test patch does not apply), or a bug in the harness -- and
+  either before the patch was applied, or a control run (the same grading with an empty patch, in a fresh
+  sandbox) failed the same way. Otherwise the failure is the patch's: unresolved, flagged `tampered`.
+- unresolved (reward 0): the patch did not apply (within sandbox.grade_apply_timeout_s), or is larger than
+  sandbox.grade_max_patch_bytes; the tests failed; the harness record is missing or invalid; the test process was killed or
   ended before pytest finished; the printed results disagree with the harness record; a canary came out
   wrong; the tests ran past the test timeout, or the eval script was held past it (its `timeout` or shell
   stopped or traced by the patch). A suite that only hangs because of the patch must not be excluded as
@@ -49,6 +49,7 @@ from unidiff import PatchSet
 
 from swe_megatron.atomic_write import write_atomic
 from swe_megatron.grading import eval_script
+from swe_megatron.grading.exclusion import Phase, excludable, needs_control
 from swe_megatron.grading.sanitize import DroppedFile, sanitize_patch, task_test_paths
 from swe_megatron.grading.swebench_light import import_swebench_grading
 from swe_megatron.sandbox.base import Sandbox, SandboxError, SandboxSpec
@@ -66,18 +67,18 @@ _PLUGIN_SOURCE = Path(__file__).with_name("pytest_record.py")
 
 
 class Excluded(str, Enum):
-    """The only grading failures that are excluded (status error, reward None) instead of scored: each
-    happens before the model's code runs or outside the sandbox, so no patch can cause one. Everything
-    after the tests start (a killed, stopped or traced `timeout` or shell, missing or forged output,
-    undecodable bytes, a hang) is the patch's outcome: unresolved, reward 0."""
+    """The kinds of grading failure that may be excluded (status error, reward None) instead of scored, and
+    only under exclusion.py's rule: before the patch was applied, or when a control run with an empty patch
+    fails with the same kind. Everything else (a killed, stopped or traced `timeout` or shell, missing or
+    forged output, undecodable bytes, a hang) is the patch's outcome: unresolved, reward 0."""
 
     TASK = "task"
     """The task cannot be graded: no repository or test command, an unknown parser, a test patch that
-    does not apply (the sanitiser keeps the patch off test files, so this is the task's fault)."""
+    does not apply or a canary file missing (after the patch: only when the control run fails so too)."""
     SANDBOX = "sandbox"
     """The sandbox itself failed (SandboxError: it did not start, its server or shell died)."""
     HARNESS_STEP = "harness_step"
-    """A harness step before the tests (apply, restore, canaries, setup) timed out or could not run."""
+    """A harness step (setup, restore, canaries, reading the results) failed or timed out."""
     HARNESS_BUG = "harness_bug"
     """An exception in the grader's own code."""
 
@@ -282,13 +283,16 @@ def grade_one(
     step_timeout_s: float = 120.0,
     output_cap_bytes: int = 8 << 20,
     skip_empty: bool = True,
+    max_patch_bytes: int = 1 << 20,
+    apply_timeout_s: float = 60.0,
 ) -> GradeResult:
     """Grade `patch` (a unified diff, "" or None for none) against `task` in a new sandbox.
 
     log_dir: where this grading's files go (a fresh temporary folder when None; give each concurrent
     grading its own); test_timeout_s: limit of the test command (past it: unresolved); step_timeout_s:
-    limit of each harness step (past it: error);
-    skip_empty: do not start a sandbox for an empty patch (it is empty_patch, reward 0).
+    limit of each harness step (past it: a failure, see exclusion.py); output_cap_bytes: test output kept
+    (its tail); max_patch_bytes, apply_timeout_s: the patch's size and apply-time caps (past them:
+    unresolved); skip_empty: do not start a sandbox for an empty patch (it is empty_patch, reward 0).
     """
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="swe-grade-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -297,13 +301,16 @@ def grade_one(
         tg = task_grading(task)
     except TaskGradingError as e:
         return done(ERROR, f"task cannot be graded: {e}", excluded=Excluded.TASK.value)
+    size = len(patch_bytes(patch or ""))
+    if size > max_patch_bytes:  # before the sanitiser: parsing a huge patch would cost the host
+        return done(UNRESOLVED, f"the patch has {size} bytes, over the {max_patch_bytes} graded at most")
     clean = sanitize_patch(patch, tg.protected)
     _write_text(logs / "model.patch", patch or "")
     _write_text(logs / "sanitized.patch", clean.patch)
     common = {"dropped": clean.dropped, "suspicious": clean.suspicious}
     if clean.is_empty and skip_empty:
         return done(EMPTY_PATCH, _empty_reason(clean), **common)
-    limits = _Limits(test_timeout_s, step_timeout_s, output_cap_bytes)
+    limits = _Limits(test_timeout_s, step_timeout_s, output_cap_bytes, apply_timeout_s)
     return _grade_in_sandbox(task, tg, clean.patch, sandbox_factory, limits, done, common)
 
 
@@ -331,23 +338,27 @@ def _grade_in_sandbox(
     done: _Done,
     common: dict[str, Any],
 ) -> GradeResult:
-    """Apply the sanitised patch and run the tests in a new sandbox; decide; infrastructure failures are
-    excluded errors, not the model's outcome."""
-    logs = done.logs
+    """Apply the sanitised patch and run the tests in a new sandbox; decide. A failure of the grading itself
+    is excluded only under exclusion.py's rule (else scored 0 and flagged `tampered`)."""
+    sandbox_run = _SandboxRun(task, tg, done.logs, limits)
     try:
-        run = _SandboxRun(task, tg, logs, limits).run(sandbox_factory, patch)
+        run = sandbox_run.run(sandbox_factory, patch)
         if run.apply_failed:
-            return done(UNRESOLVED, "patch did not apply", timings=run.timings, **common)
+            return done(UNRESOLVED, run.apply_failed, timings=run.timings, **common)
         resolved, tests_status, reason, tampered = _decide_run(task, tg, run, patch)
-        if tampered:
-            common["tampered"] = reason
-    except (SandboxError, GradingInfraError) as e:
-        kind = e.kind if isinstance(e, GradingInfraError) else Excluded.SANDBOX
-        return done(ERROR, f"infrastructure: {e}", excluded=kind.value, **common)
-    except Exception as e:  # a harness bug is not the model's failure either
-        _write_text(logs / "harness_error.txt", traceback.format_exc())
-        reason = f"infrastructure: grading crashed: {type(e).__name__}: {e}"
-        return done(ERROR, reason, excluded=Excluded.HARNESS_BUG.value, **common)
+    except Exception as e:
+        kind, what = _failure(e, done.logs)
+        control = None
+        if needs_control(sandbox_run.phase):
+            control = _control_failure(task, tg, sandbox_factory, limits, done.logs / "control")
+        if excludable(sandbox_run.phase, kind.value, control):
+            return done(ERROR, f"infrastructure: {what}", excluded=kind.value, **common)
+        why = f"after the patch was applied: {what} (a control run with an empty patch did not fail so)"
+        return done(UNRESOLVED, why, tampered=why, timings=sandbox_run.result.timings, **common)
+    if tampered:
+        common["tampered"] = reason
+    elif run.record_problem:
+        common["tampered"] = f"the harness record is invalid: {run.record_problem}"
     if not resolved and run.held:
         reason = "the eval script was held past its test timeout (its `timeout` or shell stopped or traced)"
     elif not resolved and run.timed_out:
@@ -361,6 +372,29 @@ def _grade_in_sandbox(
         log_path=str(run.log_path),
         **common,
     )
+
+
+def _failure(e: Exception, logs: Path) -> tuple[Excluded, str]:
+    """The Excluded kind of a failure of the grading itself, and one line saying what it was."""
+    if isinstance(e, GradingInfraError):
+        return e.kind, str(e)
+    if isinstance(e, SandboxError):
+        return Excluded.SANDBOX, f"sandbox: {e}"
+    _write_text(logs / "harness_error.txt", traceback.format_exc())  # a harness bug
+    return Excluded.HARNESS_BUG, f"grading crashed: {type(e).__name__}: {e}"
+
+
+def _control_failure(
+    task: Task, tg: TaskGrading, sandbox_factory: SandboxFactory, limits: _Limits, logs: Path
+) -> str | None:
+    """The control run: the same grading with an empty patch in a fresh sandbox; the Excluded kind it failed
+    with, or None when it did not fail."""
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        _decide_run(task, tg, _SandboxRun(task, tg, logs, limits).run(sandbox_factory, ""), "")
+    except Exception as e:
+        return _failure(e, logs)[0].value
+    return None
 
 
 def _empty_reason(clean: Any) -> str:
@@ -421,10 +455,12 @@ def grade_many(
 
 @dataclass
 class _Run:
-    apply_failed: bool = False
+    apply_failed: str = ""
+    """Why the patch did not apply (empty when it did)."""
     applied_with: str | None = None
     log_path: Path | None = None
     record: dict[str, Any] | None = None
+    record_problem: str | None = None
     canaries: Canaries | None = None
     timed_out: bool = False
     held: bool = False
@@ -438,6 +474,7 @@ class _Limits:
     test_s: float
     step_s: float
     output_cap_bytes: int
+    apply_s: float
 
 
 @dataclass
@@ -446,7 +483,7 @@ class _TestOutput:
 
     exit_code: bytes | None = None
     output: bytes = b""
-    cut: bytes | None = None
+    cut: bool = False
     record: bytes | None = None
 
 
@@ -463,6 +500,8 @@ class _SandboxRun:
         self.apply_log: list[str] = []
         self.result = _Run()
         self.sandbox: Sandbox | None = None
+        self.phase = Phase.HARNESS
+        """exclusion.Phase: MODEL once the patch is being applied."""
         self._clock = time.monotonic()
 
     def run(self, factory: SandboxFactory, patch: str) -> _Run:
@@ -472,8 +511,10 @@ class _SandboxRun:
             self.sandbox.start()
             self._lap("start")
             self._stage_files()
-            if patch.strip() and not self._apply_model_patch(patch):
-                return self.result
+            if patch.strip():
+                self.phase = Phase.MODEL  # from here on, what goes wrong may be the patch's doing
+                if not self._apply_model_patch(patch):
+                    return self.result
             self._restore_tests()
             self._add_canaries()
             # The model's code runs from here on: what it leaves behind is its outcome, not an error.
@@ -489,25 +530,24 @@ class _SandboxRun:
         self.result.timings[phase] = round(now - self._clock, 4)
         self._clock = now
 
-    def _step(self, command: str, what: str):
-        res = self.sandbox.exec(f"cd {self.workdir} && {command}", timeout_s=self.limits.step_s)
+    def _step(self, command: str, what: str, timeout_s: float | None = None):
+        timeout_s = self.limits.step_s if timeout_s is None else timeout_s
+        res = self.sandbox.exec(f"cd {self.workdir} && {command}", timeout_s=timeout_s)
         if res.timed_out:
-            raise GradingInfraError(f"{what} timed out after {self.limits.step_s:.0f} s")
+            raise GradingInfraError(f"{what} timed out after {timeout_s:.0f} s")
         return res
 
     def _stage_files(self) -> None:
         tg, rel = self.tg, self.rel
-        script = eval_script.test_script(
+        self.script = eval_script.test_script(
             tg.test_cmd,
             self.workdir,
             self.d,
             self.limits.test_s,
             pytest_summary=tg.log_parser in PYTEST_PARSERS,
             record=tg.require_record,
-            output_cap_bytes=self.limits.output_cap_bytes,
         )
-        self.sandbox.write_file(f"{rel}/eval.sh", script.encode())
-        _write_text(self.logs / "eval.sh", script)
+        _write_text(self.logs / "eval.sh", self.script)
         if self.task.test_patch.strip():
             self.sandbox.write_file(f"{rel}/test.diff", _with_newline(self.task.test_patch).encode())
         if tg.require_record:
@@ -517,16 +557,27 @@ class _SandboxRun:
             self.sandbox.write_file(f"{rel}/plugin/{eval_script.PLUGIN_MODULE}.py", plugin)
             self.sandbox.write_file(f"{eval_script.PLUGIN_MODULE}.py", plugin)
             self.sandbox.write_file(f"{rel}/token", f"{self.d}/{self.record_name}".encode())
+        res = self._step(eval_script.setup_command(self.d, tg.require_record), "setting up the test run")
+        if res.exit_code != 0:
+            raise GradingInfraError(f"the test run could not be set up: {_text(res.output)[-400:]}")
 
     def _apply_model_patch(self, patch: str) -> bool:
         """Apply the model's patch; False (and apply.log written) when no method applies it."""
         self.sandbox.write_file(f"{self.rel}/model.diff", patch_bytes(patch))
-        applied = _apply_model_patch(self._step, f"{self.d}/model.diff", _patch_paths(patch), self.apply_log)
-        self.result.applied_with = applied
-        if applied is None:
-            self.result.apply_failed = True
+        deadline = time.monotonic() + self.limits.apply_s
+
+        def step(command: str, what: str):  # every attempt within the patch's one apply budget
+            return self._step(command, what, max(0.1, min(self.limits.step_s, deadline - time.monotonic())))
+
+        try:
+            applied = _apply_model_patch(step, f"{self.d}/model.diff", _patch_paths(patch), self.apply_log)
+            failed = "patch did not apply" if applied is None else ""
+        except GradingInfraError:
+            applied, failed = None, f"patch did not apply within {self.limits.apply_s:g} s"
+        self.result.applied_with, self.result.apply_failed = applied, failed
+        if failed:
             _write_text(self.logs / "apply.log", "".join(self.apply_log))
-        return applied is not None
+        return not failed
 
     def _restore_tests(self) -> None:
         has_test_patch = bool(self.task.test_patch.strip())
@@ -560,22 +611,21 @@ class _SandboxRun:
     def _run_tests(self) -> _TestOutput:
         limits, rel = self.limits, self.rel
         res = self.sandbox.exec(
-            f"bash --noprofile --norc {self.d}/eval.sh",
+            f"bash --noprofile --norc -c {shlex.quote(self.script)}",
             timeout_s=limits.test_s + eval_script.KILL_AFTER_S + limits.step_s,
         )
         # Past the test timeout, its kill delay and a step's time, only the model's code holds the script
         # (it stopped or traced `timeout` or the shell; the script itself runs builtins and `timeout`).
         self.result.held = res.timed_out
-        if not res.timed_out and res.exit_code in eval_script.SETUP_EXIT_CODES:  # before the tests
-            raise GradingInfraError(
-                f"the eval script could not set up (exit {res.exit_code}): {_text(res.output)[-400:]}"
-            )
         self._lap("tests")
+        # Everything below was written by the sandbox's user while the patch's code ran: untrusted, capped.
+        cap = limits.output_cap_bytes
+        output = _read_optional(self.sandbox, f"{rel}/test_output.txt", cap + 1) or b""
         return _TestOutput(
-            exit_code=_read_optional(self.sandbox, f"{rel}/exit_code"),
-            output=_read_optional(self.sandbox, f"{rel}/test_output.txt") or b"",
-            cut=_read_optional(self.sandbox, f"{rel}/cut_bytes"),
-            record=_read_optional(self.sandbox, f"{rel}/{self.record_name}")
+            exit_code=_read_optional(self.sandbox, f"{rel}/exit_code", 64),
+            output=output[-cap:],
+            cut=len(output) > cap,
+            record=_read_optional(self.sandbox, f"{rel}/{self.record_name}", RECORD_MAX_BYTES + 1)
             if self.tg.require_record
             else None,
         )
@@ -591,11 +641,13 @@ class _SandboxRun:
         run, code = self.result, _parse_int(out.exit_code)
         past_timeout = run.timings["tests"] >= self.limits.test_s * 0.95
         run.timed_out = run.held or (code in eval_script.TIMEOUT_EXIT_CODES and past_timeout)
-        run.record = _parse_record(out.record)
+        if self.tg.require_record:
+            run.record, run.record_problem = parse_record(out.record)
         if out.record is not None:
             write_atomic(self.logs / "record.json", out.record)
         run.log_path = self.logs / "test_output.txt"
-        _write_text(run.log_path, compose_log(_text(out.output), code, run.timed_out, _parse_int(out.cut)))
+        cut = self.limits.output_cap_bytes if out.cut else None
+        _write_text(run.log_path, compose_log(_text(out.output), code, run.timed_out, cut))
 
 
 def patch_bytes(patch: str) -> bytes:
@@ -629,7 +681,8 @@ def _apply_model_patch(
 
 
 def compose_log(test_output: str, exit_code: int | None, timed_out: bool, cut_bytes: int | None) -> str:
-    """The log swebench grades: the test output between markers the harness writes, then its exit status.
+    """The log swebench grades: the test output between markers the harness writes, then its exit status
+    (cut_bytes: the output was cut to its last cut_bytes bytes).
 
     Marker-like text in what the tests printed is defused, so only these markers count; the apply
     output is kept out (logged in apply.log) so no file name a patch chooses reaches the parser.
@@ -637,7 +690,7 @@ def compose_log(test_output: str, exit_code: int | None, timed_out: bool, cut_by
     _, _, c = import_swebench_grading()
     parts = [c.START_TEST_OUTPUT + "\n"]
     if cut_bytes:
-        parts.append(f"[harness: the first {cut_bytes} bytes of test output were cut]\n")
+        parts.append(f"[harness: the test output was cut to its last {cut_bytes} bytes]\n")
     body = _defuse(test_output)
     parts.append(body if body.endswith("\n") or not body else body + "\n")
     parts.append(c.END_TEST_OUTPUT + "\n")
@@ -751,11 +804,12 @@ def _patch_paths(patch: str) -> list[str]:
     return sorted(paths)
 
 
-def _read_optional(sandbox: Sandbox, path: str) -> bytes | None:
-    """A file the test run should have left; None when it is missing or was tampered with (the model's
-    code ran before this, so that is its outcome). SandboxError still propagates as infrastructure."""
+def _read_optional(sandbox: Sandbox, path: str, max_bytes: int) -> bytes | None:
+    """The last max_bytes bytes of a file the test run should have left; None when it is missing or was
+    tampered with (the model's code ran before this, so that is its outcome). SandboxError propagates (see
+    exclusion.py for when it may be excluded)."""
     try:
-        return sandbox.read_file(path)
+        return sandbox.read_file(path, max_bytes=max_bytes)
     except SandboxError:
         raise
     except OSError:
@@ -769,12 +823,31 @@ def _parse_int(raw: bytes | None) -> int | None:
         return None
 
 
-def _parse_record(raw: bytes | None) -> dict[str, Any] | None:
+RECORD_MAX_BYTES = 32 << 20
+"""Largest harness record read back (about 200,000 test ids); a larger one is invalid."""
+RECORD_STATUSES = frozenset({"PASSED", "SKIPPED", "XFAIL", "FAILED", "ERROR"})
+
+
+def parse_record(raw: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(the harness record, None) when `raw` is one pytest_record.py can write, else (None, why not): read
+    back from the sandbox, it is untrusted input -- capped, depth-safe, checked against the plugin's schema.
+    No record (None, None) and an invalid one both leave the run unresolved; only the invalid one is forged."""
+    if raw is None:
+        return None, None
+    if len(raw) > RECORD_MAX_BYTES:
+        return None, f"over {RECORD_MAX_BYTES} bytes"
     try:
-        record = json.loads(raw) if raw is not None else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        return None, f"not JSON ({type(e).__name__})"
+    if not isinstance(record, dict) or set(record) != {"finished", "exitstatus", "tests"}:
+        return None, "not an object with exactly finished, exitstatus, tests"
+    tests = record["tests"]
+    if record["finished"] is not True or type(record["exitstatus"]) is not int or not isinstance(tests, dict):
+        return None, "finished is not true, exitstatus not an integer or tests not an object"
+    if not all(isinstance(k, str) and isinstance(v, str) and v in RECORD_STATUSES for k, v in tests.items()):
+        return None, "a test outcome is not one of " + ", ".join(sorted(RECORD_STATUSES))
+    return record, None
 
 
 def _text(data: bytes) -> str:

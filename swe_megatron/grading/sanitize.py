@@ -6,8 +6,8 @@ a protected file is dropped too):
 
 - test files: ``test_*.py``, ``*_test.py``, anything under a ``tests/``, ``test/`` or ``testing/``
   folder (as the task factory classifies them), and the task's own test files (those the test patch
-  touches and those its test ids name) and their folders (a file created where a test folder belongs
-  would stop the test patch from applying);
+  touches and those its test ids name), their folders and any path below them (a file created where a
+  test folder or file belongs would stop the test patch from applying);
 - ``conftest.py`` anywhere;
 - test-runner configuration, whole files: ``pytest.ini``, ``.pytest.ini``, ``pytest.toml``, ``tox.ini``,
   ``setup.cfg``, ``pyproject.toml``, ``noxfile.py``. Reading a ``pyproject.toml`` hunk to decide whether
@@ -211,7 +211,9 @@ def _path_reason(path: str, protected: set[str]) -> str | None:
         return "outside the repository"
     name = parts[-1]
     norm = _normalise(path)
-    if norm in protected or any(p.startswith(norm + "/") for p in protected):
+    # The task's test files, the folders above them (a file there would stop the test patch) and anything
+    # below them (a file "test_x.py/keep.txt" turns the test file into a folder the restore cannot write).
+    if norm in protected or any(p.startswith(norm + "/") or norm.startswith(p + "/") for p in protected):
         return "task test file"
     if name == "conftest.py":
         return "conftest.py"

@@ -329,9 +329,9 @@ class RoutedSandbox:
         """Run a command in its shell."""
         return self._call(self.inner.exec, command, timeout_s)
 
-    def read_file(self, path: str) -> bytes:
-        """Read a repository file."""
-        return self._call(self.inner.read_file, path)
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a repository file (or its last max_bytes bytes)."""
+        return self._call(self.inner.read_file, path, max_bytes)
 
     def write_file(self, path: str, data: bytes) -> None:
         """Write a repository file."""
@@ -374,7 +374,7 @@ class Unplaced:
         """Raises SandboxError."""
         raise SandboxError(self.reason)
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """Raises SandboxError."""
         raise SandboxError(self.reason)
 

@@ -64,12 +64,24 @@ def swebench_grader(
     def grade(task: Task, patch: str, sandbox: Sandbox | None = None) -> GradeOutcome:
         log_dir = Path(log_root) / task.instance_id / str(next(counter)) if log_root else None
 
+        given = [sandbox]
+
         def factory(spec: SandboxSpec) -> Sandbox:
-            if sandbox is not None and getattr(sandbox, "spec", None) == spec:
-                return sandbox
+            # The given sandbox serves once: a control run (grading.exclusion) needs a fresh one.
+            ready = given.pop() if given else None
+            if ready is not None and getattr(ready, "spec", None) == spec:
+                return ready
             return fresh(spec)
 
-        r = grade_one(task, patch, factory, log_dir=log_dir, test_timeout_s=cfg.grade_timeout_s)
+        r = grade_one(
+            task,
+            patch,
+            factory,
+            log_dir=log_dir,
+            test_timeout_s=cfg.grade_timeout_s,
+            max_patch_bytes=cfg.grade_max_patch_bytes,
+            apply_timeout_s=cfg.grade_apply_timeout_s,
+        )
         raw = sum(v for k, v in r.timings.items() if k in ("apply", "tests"))
         flags = [name for name, on in (("suspicious", r.suspicious), ("tampered", r.tampered)) if on]
         return GradeOutcome(r.reward or 0.0, r.resolved, r.error, raw, dict(r.timings), flags)

@@ -76,8 +76,9 @@ class Sandbox(Protocol):
         variables. Raises SandboxError only when the sandbox itself fails or was stopped.
         """
 
-    def read_file(self, path: str) -> bytes:
-        """Read a file of the repository (path relative to it, or absolute under the sandbox's workdir).
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a file of the repository (path relative to it, or absolute under the sandbox's workdir);
+        max_bytes: only its last max_bytes bytes (what a sandbox wrote is untrusted: never read it whole).
 
         Raises FileNotFoundError, IsADirectoryError, or PermissionError for a path (or a symlink on
         the way) that leaves the repository; SandboxError when the sandbox itself fails.

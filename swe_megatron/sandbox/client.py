@@ -209,9 +209,10 @@ class RemoteSandbox:
             limits_hit=tuple(data.get("limits_hit", ())),
         )
 
-    def read_file(self, path: str) -> bytes:
-        """Read a repository file."""
-        return base64.b64decode(self.client.request("POST", self._path("/read"), {"path": path})["data_b64"])
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a repository file (or its last max_bytes bytes, cut on the server)."""
+        body = {"path": path} if max_bytes is None else {"path": path, "max_bytes": int(max_bytes)}
+        return base64.b64decode(self.client.request("POST", self._path("/read"), body)["data_b64"])
 
     def write_file(self, path: str, data: bytes) -> None:
         """Write a repository file."""

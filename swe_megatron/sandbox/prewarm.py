@@ -104,9 +104,9 @@ class Leased:
         """Run a command in the sandbox's persistent shell."""
         return self.sandbox.exec(command, timeout_s=timeout_s)
 
-    def read_file(self, path: str) -> bytes:
-        """Read a repository file."""
-        return self.sandbox.read_file(path)
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a repository file (or its last max_bytes bytes)."""
+        return self.sandbox.read_file(path, max_bytes)
 
     def write_file(self, path: str, data: bytes) -> None:
         """Write a repository file."""

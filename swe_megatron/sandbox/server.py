@@ -8,7 +8,7 @@ JSON API under /v1 (client.py is the Python side):
     GET    /v1/health                      -> {"running", "max_concurrent", "backend"}
     POST   /v1/sandboxes {"spec": {...}}   -> {"id"}; 429 when max_concurrent sandboxes are running
     POST   /v1/sandboxes/ID/exec {"command", "timeout_s"} -> {"output_b64", "exit_code", "timed_out", ...}
-    POST   /v1/sandboxes/ID/read {"path"}  -> {"data_b64"}
+    POST   /v1/sandboxes/ID/read {"path", "max_bytes"?}  -> {"data_b64"} (max_bytes: only the file's tail)
     POST   /v1/sandboxes/ID/write {"path", "data_b64"}
     DELETE /v1/sandboxes/ID
     GET    /v1/sessions/SID/attach         -> a stream of keep-alive lines while the client lives
@@ -276,8 +276,11 @@ class SandboxServer:
 
     async def _read(self, request: web.Request) -> web.Response:
         entry = self._entry(request)
-        path = text_field(await self._json(request), "path")
-        result = await self._file_op(entry.sandbox.read_file, path)
+        data = await self._json(request)
+        path, max_bytes = text_field(data, "path"), data.get("max_bytes")
+        if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 0):
+            raise BadField(f"max_bytes={max_bytes!r} is invalid; allowed: an integer >= 0, or absent")
+        result = await self._file_op(entry.sandbox.read_file, path, max_bytes)
         if isinstance(result, web.Response):
             return result
         return web.json_response({"data_b64": base64.b64encode(result).decode()})

@@ -643,11 +643,11 @@ class ShellSandbox:
         text = "\n[sandbox: " + "; ".join(notes.values()) + "]\n"
         return dataclasses.replace(res, output=res.output + text.encode(), limits_hit=tuple(notes))
 
-    def read_file(self, path: str) -> bytes:
-        """Read a repository file through the host side of the workspace (symlink-safe)."""
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a repository file (or its last max_bytes bytes) through the host side of the workspace."""
         if self.workspace is None or self._stopped:
             raise SandboxError("the sandbox is not running (not started, or stopped)")
-        return self.workspace.read_file(path)
+        return self.workspace.read_file(path, max_bytes)
 
     def write_file(self, path: str, data: bytes) -> None:
         """Write a repository file through the host side of the workspace (symlink-safe)."""

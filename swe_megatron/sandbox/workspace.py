@@ -389,8 +389,9 @@ class Workspace:
         if st.st_uid != self.uid or st.st_nlink != 1:
             raise PermissionError(errno.EACCES, "not a file of the sandbox user (owner or hard links)", path)
 
-    def read_file(self, path: str) -> bytes:
-        """Read a file of the repository (see the module docstring for what is refused)."""
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a file of the repository, or only its last max_bytes bytes (see the module docstring for what
+        is refused; with max_bytes, anything but a regular file is refused too, so a fifo cannot block)."""
         dirfd, name = self._walk(path, create_dirs=False)
         try:
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -405,8 +406,15 @@ class Workspace:
         finally:
             os.close(dirfd)
         with os.fdopen(fd, "rb") as f:
-            self._check_owned(os.fstat(fd), path)
-            return f.read()
+            st = os.fstat(fd)
+            self._check_owned(st, path)
+            if max_bytes is None:
+                return f.read()
+            if not stat.S_ISREG(st.st_mode):
+                raise PermissionError(errno.EACCES, "not a regular file", path)
+            if st.st_size > max_bytes:
+                f.seek(st.st_size - max_bytes)
+            return f.read(max_bytes)
 
     def write_file(self, path: str, data: bytes) -> None:
         """Create or replace a file of the repository, owned by the sandbox user."""

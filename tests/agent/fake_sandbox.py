@@ -69,8 +69,9 @@ class DirSandbox:
         p = Path(path)
         return p if p.is_absolute() else Path(self.workdir) / p
 
-    def read_file(self, path: str) -> bytes:
-        return self._path(path).read_bytes()
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        data = self._path(path).read_bytes()
+        return data if max_bytes is None else data[len(data) - min(max_bytes, len(data)) :]
 
     def write_file(self, path: str, data: bytes) -> None:
         self._path(path).write_bytes(data)

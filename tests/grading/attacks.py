@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tiny_task import F2P, INIT, OPS, OPS_FIXED, P2P, PYTEST_INI, TEST_BASIC, TEST_CLAMP, diff
 
-from swe_megatron.grading.grader import ERROR, RESOLVED, UNRESOLVED
+from swe_megatron.grading.grader import RESOLVED, UNRESOLVED
 
 HARMLESS = diff(
     ("calc/ops.py", OPS, OPS.replace('"""Small arithmetic helpers."""', '"""Small arithmetic helpers!"""'))
@@ -55,7 +55,9 @@ ATTACKS = {
     "writes_the_hidden_test_file": (
         HARMLESS + diff(("tests/test_clamp.py", None, TEST_CLAMP.replace("== 10", "== 0"))),
         "sanitiser",
-        ERROR,  # the test patch then fails to apply: excluded instead of a 0, a dodge
+        # the test patch then fails to apply; once an excluded error (a dodge), now the control run applies
+        # it, so the failure is the patch's (grading/exclusion.py)
+        UNRESOLVED,
     ),
     "exits_0_early_at_import": (
         # pytest captures output while it imports test modules: write to every fd, reaching its saved stdout

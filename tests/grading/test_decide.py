@@ -189,7 +189,6 @@ def test_eval_script_is_valid_bash_and_quotes_the_command(tmp_path):
         60,
         pytest_summary=True,
         record=True,
-        output_cap_bytes=1000,
     )
     (tmp_path / "eval.sh").write_text(script)
     subprocess.run(["bash", "-n", str(tmp_path / "eval.sh")], check=True)

@@ -113,23 +113,38 @@ def test_sandbox_failure_is_an_error_not_a_zero(tiny, tmp_path):
     assert result.status == ERROR and result.reward is None and "no sandbox today" in result.error
 
 
-def test_sandbox_dying_during_the_tests_is_an_error(tiny, sandbox_factory, tmp_path):
-    task = tiny
+def _dies_on_eval(sandbox_factory, deaths: list[int]):
+    """A sandbox factory whose sandboxes' shells die when the test command runs, for the first deaths[0] of
+    them (the others run normally): a labelled fake around the real bwrap sandbox."""
 
     class DiesOnEval:
         def __init__(self, spec):
             self.inner = sandbox_factory(spec)
+            self.dies = deaths[0] > 0
+            deaths[0] -= 1
 
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
         def exec(self, command, timeout_s=None):
-            if "eval.sh" in command:
+            if self.dies and "PYTEST_PLUGINS" in command:  # the eval script (bash -c)
                 raise SandboxError("the sandbox shell died")
             return self.inner.exec(command, timeout_s)
 
-    result = grade(task, task.patch, DiesOnEval, tmp_path)
-    assert result.status == ERROR and "shell died" in result.reason
+    return DiesOnEval
+
+
+def test_sandbox_dying_during_the_tests_is_excluded_only_when_a_control_run_dies_too(
+    tiny, sandbox_factory, tmp_path
+):
+    """exclusion.py's rule: after the patch is applied, a sandbox failure is excluded only when the control run
+    (empty patch, fresh sandbox) fails the same way; when the control runs, it is the patch's: scored 0."""
+    task = tiny
+    result = grade(task, task.patch, _dies_on_eval(sandbox_factory, [2]), tmp_path / "both")
+    assert result.status == ERROR and result.excluded == "sandbox" and "shell died" in result.reason
+    result = grade(task, task.patch, _dies_on_eval(sandbox_factory, [1]), tmp_path / "first")
+    assert result.status == UNRESOLVED and result.reward == 0.0 and result.excluded == "", result.reason
+    assert "control run" in result.reason and result.tampered
 
 
 def test_broken_test_patch_is_an_error(tiny, sandbox_factory, tmp_path):
@@ -145,14 +160,22 @@ def test_long_output_is_cut_to_its_tail(tiny, sandbox_factory, tmp_path):
     task = tiny
     result = grade(task, task.patch, sandbox_factory, tmp_path, output_cap_bytes=700)
     log = (tmp_path / "log" / "test_output.txt").read_text()
-    assert "bytes of test output were cut" in log and "test session starts" not in log
+    assert "test output was cut to its last 700 bytes" in log and "test session starts" not in log
     assert result.status == RESOLVED, result.reason
 
 
-def test_harness_step_timeout_is_an_error(tiny, sandbox_factory, tmp_path):
+@pytest.mark.parametrize(
+    ("slow", "status", "excluded"),
+    [
+        ("mkdir -m 0333", ERROR, "harness_step"),  # setup, before the patch is applied
+        ("model.diff", UNRESOLVED, ""),  # applying the patch: its own time (sandbox.grade_apply_timeout_s)
+        ("test.diff", ERROR, "harness_step"),  # restoring the tests: the control run times out too
+    ],
+)
+def test_a_step_timing_out_is_excluded_only_under_the_rule(tiny, sandbox_factory, tmp_path, slow, status, excluded):
     task = tiny
 
-    class SlowApply:
+    class SlowStep:  # labelled fake: the real bwrap sandbox, with one kind of step reported as timed out
         def __init__(self, spec):
             self.inner = sandbox_factory(spec)
 
@@ -160,9 +183,10 @@ def test_harness_step_timeout_is_an_error(tiny, sandbox_factory, tmp_path):
             return getattr(self.inner, name)
 
         def exec(self, command, timeout_s=None):
-            if "git apply" in command:
+            if slow in command:
                 return ExecResult(output=b"", exit_code=-1, timed_out=True)
             return self.inner.exec(command, timeout_s)
 
-    result = grade(task, task.patch, SlowApply, tmp_path)
-    assert result.status == ERROR and "timed out" in result.reason
+    result = grade(task, task.patch, SlowStep, tmp_path)
+    assert (result.status, result.excluded) == (status, excluded), result.reason
+    assert "timed out" in result.reason or "did not apply within" in result.reason

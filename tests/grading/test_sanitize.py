@@ -82,9 +82,20 @@ def test_task_test_files_and_their_folders_are_protected():
         assert [d.reason for d in clean.dropped] == ["task test file"], path
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.py", "pkg/../../outside.py"])
+def test_paths_below_a_task_test_file_are_protected():
+    """Issue 24 attack 4: `check_api.py/keep.txt` makes the test file a folder, so restoring it fails."""
+    protected = task_test_paths("", ["checks/check_api.py::test_one"])
+    for path in ("checks/check_api.py/keep.txt", "checks/check_api.py/a/b.txt"):
+        clean = sanitize_patch(edit(path, None, "x\n"), protected)
+        assert [d.reason for d in clean.dropped] == ["task test file"], path
+    assert not sanitize_patch(edit("checks/check_api.pyx", None, "x\n"), protected).dropped
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.py", "pkg/../../outside.py", "~/x.py"])
 def test_paths_outside_the_repository_are_dropped(path):
     patch = f"--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n".replace("a//", "/").replace("b//", "/")
+    if path.startswith("~"):  # `~/x.py` as the diff's file name (no a/ b/ prefix to strip)
+        patch = f"--- {path}\n+++ {path}\n@@ -1 +1 @@\n-a\n+b\n"
     clean = sanitize_patch(patch)
     assert clean.is_empty and [d.reason for d in clean.dropped] == ["outside the repository"]
 
