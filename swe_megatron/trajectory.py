@@ -16,7 +16,8 @@ from typing import Any
 
 
 class ExitReason(str, Enum):
-    """Why the episode ended. The first four are model outcomes; the rest are infrastructure failures."""
+    """Why the episode ended. The first six are model outcomes; the rest are infrastructure failures (which
+    is which: grading/exclusion.py)."""
 
     submitted = "submitted"
     """The agent ran `submit`."""
@@ -26,6 +27,12 @@ class ExitReason(str, Enum):
     """The next prompt would exceed the context length (a model outcome, kept)."""
     format_limit = "format_limit"
     """The episode was stopped after too many malformed turns in a row (a model outcome, kept)."""
+    sandbox_lost = "sandbox_lost"
+    """The sandbox failed after the agent's commands ran (a model outcome: graded with the patch, if any, that
+    could still be taken; the agent can kill its shell, lock its files, exhaust its limits)."""
+    time_limit = "time_limit"
+    """The episode's deadline passed while the agent's own commands had taken most of its time (a model
+    outcome; graded with the patch, if any, that could still be taken)."""
     sandbox_error = "sandbox_error"
     """The sandbox itself failed (infrastructure: the trajectory is excluded, never rewarded 0)."""
     engine_error = "engine_error"

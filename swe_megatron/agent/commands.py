@@ -34,6 +34,8 @@ from swe_megatron.sandbox.base import ExecResult, Sandbox
 log = logging.getLogger(__name__)
 
 PATCH_FILE = ".git/swe_megatron_patch.diff"
+PATCH_MAX_BYTES = 64 << 20
+"""Largest diff read back from the sandbox (grading caps patches far lower: sandbox.grade_max_patch_bytes)."""
 """Where `patch()` writes the diff inside the repository (read back whole, so the output cap never cuts it)."""
 
 # Environment of the agent's shell: no pagers or editors that wait for a terminal.
@@ -350,16 +352,26 @@ class Aci:
                 display(r.output.decode("utf-8", "replace"))[-300:],
             )
             return ""
-        return self.sandbox.read_file(posixpath.join(self.workdir, PATCH_FILE)).decode(
-            "utf-8", "surrogateescape"
-        )
+        try:
+            data = self.sandbox.read_file(
+                posixpath.join(self.workdir, PATCH_FILE), max_bytes=PATCH_MAX_BYTES + 1
+            )
+        except OSError as e:  # e.g. the agent hard-linked or swapped the file: its doing, the empty patch
+            log.warning("cannot read the diff in %s: %s", self.workdir, e)
+            return ""
+        if len(data) > PATCH_MAX_BYTES:
+            log.warning(
+                "the diff in %s is over %d bytes: taken as the empty patch", self.workdir, PATCH_MAX_BYTES
+            )
+            return ""
+        return data.decode("utf-8", "surrogateescape")
 
     def _diff(self, timeout_s: float) -> ExecResult:
         wd = shlex.quote(self.workdir)
         out = shlex.quote(posixpath.join(self.workdir, PATCH_FILE))
         return self._exec(
             f"cd {wd} && git add -A -- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.py[co]' "
-            f"&& git -c core.quotepath=off diff --cached --no-color --no-ext-diff HEAD > {out}; "
+            f"&& rm -f {out} && git -c core.quotepath=off diff --cached --no-color --no-ext-diff HEAD > {out}; "
             f"s=$?; cd {shlex.quote(self.cwd)}; exit $s",
             timeout_s,
         )

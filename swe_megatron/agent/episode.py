@@ -3,11 +3,13 @@
 Endings (paper-spec.md "Agent scaffold"): `submit`; T_max turns; the next prompt would not fit in the
 context (no room left for one generated token); optionally too many format errors in a row. All of these
 are model outcomes: the patch (`git diff` of the working tree) is taken and graded, and the length penalty
-applies. A failure of the engine or the sandbox ends the episode as an infrastructure failure (excluded
-from training, counted, retried by the rollout manager). So does passing the wall-clock deadline the
-manager gives (agent.episode_timeout_s, agent.rollout_timeout_s): exit harness_timeout, "timeout: ..."
-(see EpisodeTimeout for why that is not a model outcome). Control flow uses exceptions, as mini-swe-agent
-does: FormatError, Submitted, LimitsExceeded, EpisodeTimeout.
+applies. What is excluded follows grading/exclusion.py's rule: an engine failure, and a sandbox failure
+before the agent's first command, end the episode as an infrastructure failure (excluded from training,
+counted, retried by the rollout manager); a sandbox failure after it is the agent's outcome (sandbox_lost,
+graded). Passing the wall-clock deadline the manager gives (agent.episode_timeout_s,
+agent.rollout_timeout_s) is excluded (harness_timeout, "timeout: ...") unless the agent's own commands took
+most of the time (time_limit, graded). Control flow uses exceptions, as mini-swe-agent does: FormatError,
+Submitted, LimitsExceeded, EpisodeTimeout.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from swe_megatron.agent.prompts import Prompts
 from swe_megatron.agent.tokens import ChatFormat, TokenLedger, check_provenance
 from swe_megatron.config.schema import AgentConfig
 from swe_megatron.engine.base import Engine, EngineError
+from swe_megatron.grading.exclusion import Phase, deadline_excluded, excludable
 from swe_megatron.sandbox.base import Sandbox, SandboxError
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import ExitReason, Trajectory
@@ -44,11 +47,12 @@ EPISODE_TIMEOUT = "timeout: past the episode's deadline"
 
 
 class EpisodeTimeout(Exception):
-    """The episode passed its wall-clock deadline: an infrastructure failure (harness_timeout), not a model outcome.
+    """The episode passed its wall-clock deadline.
 
-    Wall-clock time depends on engine load, concurrency and the machine, not only on the model's actions;
-    what the model controls is bounded by t_max turns and the per-command timeout, which are model outcomes.
-    Scoring a timeout 0 would punish the policy for a slow cluster, so it is excluded and counted instead.
+    Wall-clock time depends on engine load, concurrency and the machine, not only on the model's actions, so
+    scoring every timeout 0 would punish the policy for a slow cluster: it is excluded (harness_timeout)
+    unless the agent's own commands took most of the time (exclusion.deadline_excluded), then it is scored
+    (time_limit). The config also refuses a deadline the agent's commands alone could reach.
     """
 
 
@@ -125,6 +129,8 @@ class Episode:
         self.malformed: list[int] = []
         self.versions: list[int] = []  # the weight version of each turn (engine/gate.py), if the engine says
         self.format_errors = 0  # in a row
+        self.phase = Phase.HARNESS
+        """exclusion.Phase: MODEL once an agent command was sent to the sandbox."""
 
     def run(self) -> Trajectory:
         """Start the sandbox, step until an ending, take the patch; always stop the sandbox and end the session."""
@@ -143,14 +149,9 @@ class Episode:
             with self._timed("patch"):
                 self.traj.patch = self.aci.patch()
         except EpisodeTimeout:
-            self._infra(ExitReason.harness_timeout, EPISODE_TIMEOUT)
+            self._ended(None, t_start)
         except (EngineError, SandboxError) as e:
-            if _expired(self.deadline):  # the deadline's stop (or a slow engine) ended it
-                self._infra(ExitReason.harness_timeout, f"{EPISODE_TIMEOUT} ({e})")
-            elif isinstance(e, EngineError):
-                self._infra(ExitReason.engine_error, f"engine: {e}")
-            else:
-                self._infra(ExitReason.sandbox_error, f"sandbox: {e}")
+            self._ended(e, t_start)
         finally:
             if watchdog is not None:
                 watchdog.cancel()
@@ -208,7 +209,9 @@ class Episode:
     def _act(self, content: str) -> str:
         """The output of the turn's action, or the format-error message (too many in a row end the episode)."""
         try:
-            output = self.aci.run(parse_action(content))
+            action = parse_action(content)
+            self.phase = Phase.MODEL  # the agent's command goes to the sandbox now
+            output = self.aci.run(action)
         except FormatError as e:
             self.malformed.append(len(self.ledger.turn_spans) - 1)
             self.format_errors += 1
@@ -222,6 +225,28 @@ class Episode:
     def _infra(self, reason: ExitReason, failure: str) -> None:
         self.traj.exit_reason, self.traj.infra_failure = reason, failure
 
+    def _ended(self, error: EngineError | SandboxError | None, t_start: float) -> None:
+        """An ending by the deadline (error None, or the deadline's stop) or a failure: excluded only under
+        exclusion.py's rule; a scored ending is graded with whatever patch can still be taken."""
+        if error is None or _expired(self.deadline):
+            detail = f" ({error})" if error is not None else ""
+            elapsed = time.perf_counter() - t_start
+            if self.phase is Phase.HARNESS or deadline_excluded(self.timings["tool"], elapsed):
+                return self._infra(ExitReason.harness_timeout, EPISODE_TIMEOUT + detail)
+            self.traj.exit_reason = ExitReason.time_limit
+        elif isinstance(error, EngineError):  # outside the sandbox: only token ids the harness built
+            return self._infra(ExitReason.engine_error, f"engine: {error}")
+        elif excludable(self.phase, "sandbox"):
+            return self._infra(ExitReason.sandbox_error, f"sandbox: {error}")
+        else:
+            log.warning("episode %s: the sandbox failed after the agent's commands: %s", self.session, error)
+            self.traj.exit_reason = ExitReason.sandbox_lost
+        with self._timed("patch"):
+            try:
+                self.traj.patch = self.aci.patch(timeout_s=30)
+            except SandboxError as e:  # nothing left to take it from: the empty patch, graded 0
+                log.warning("episode %s: no patch after %s: %s", self.session, self.traj.exit_reason.value, e)
+
     def _stop(self) -> None:
         """End the engine session and stop the sandbox; a failing stop is the outcome only if none is set."""
         self.s.engine.end_session(self.session)
@@ -230,7 +255,10 @@ class Episode:
                 self.sandbox.stop()
             except Exception as e:  # noqa: BLE001 - a failing stop must not hide the episode's own outcome
                 if self.traj.infra_failure is None and not self.traj.exit_reason.is_infra:
-                    self._infra(ExitReason.sandbox_error, f"sandbox stop: {e}")
+                    if excludable(self.phase, "sandbox"):
+                        self._infra(ExitReason.sandbox_error, f"sandbox stop: {e}")
+                    else:  # after the agent's commands: what they left behind may be why
+                        log.warning("episode %s: sandbox stop failed: %s", self.session, e)
 
     def _finish(self, t_start: float) -> Trajectory:
         """The ledger and counts into the trajectory; its tokens checked against a re-tokenisation."""

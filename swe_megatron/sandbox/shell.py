@@ -34,6 +34,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,7 @@ class PersistentShell:
         exports: dict[str, str] | None = None,
         cwd: str | None = None,
         process_limit: int | None = None,
+        repair: Callable[[], None] | None = None,
     ):
         self.launcher = launcher
         """argv that runs the command appended to it inside the backend's isolation."""
@@ -236,6 +238,8 @@ class PersistentShell:
         self.cwd = cwd
         self.process_limit = process_limit
         """The sandbox's process limit, if any (a timeout with half of it in use kills everything)."""
+        self.repair = repair
+        """Run on the host before a sandbox restart: undoes what the agent did that would stop it (modes)."""
         exports = dict(exports or {})
         for key in exports:
             if not _ENV_NAME.match(key):
@@ -397,6 +401,8 @@ class PersistentShell:
             with contextlib.suppress(OSError):
                 stream.close()
         self.restarts += 1
+        if self.repair is not None:  # a restart must not depend on state the agent controls
+            self.repair()
         self.start()
 
     # -- commands -------------------------------------------------------------------------------------------
@@ -607,6 +613,7 @@ class ShellSandbox:
                 state_file=self._state_file(),
                 process_limit=self._process_limit(),
                 exports=self.spec.env,
+                repair=self.workspace.repair,
             )
             shell.start()
             self._shell = shell

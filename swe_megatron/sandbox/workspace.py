@@ -389,6 +389,12 @@ class Workspace:
         if st.st_uid != self.uid or st.st_nlink != 1:
             raise PermissionError(errno.EACCES, "not a file of the sandbox user (owner or hard links)", path)
 
+    def repair(self) -> None:
+        """Give the sandbox user back access to the repository's top folder (an agent's `chmod 000 /testbed`),
+        from the host (root, or its owner), so a sandbox restart can enter it."""
+        with contextlib.suppress(OSError):
+            os.chmod(self.repo, stat.S_IMODE(os.lstat(self.repo).st_mode) | 0o700)
+
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """Read a file of the repository, or only its last max_bytes bytes (see the module docstring for what
         is refused; with max_bytes, anything but a regular file is refused too, so a fifo cannot block)."""

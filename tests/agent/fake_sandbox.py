@@ -39,7 +39,8 @@ class DirSandbox:
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
         if self.fail_next:
             raise SandboxError("fake sandbox crashed")
-        assert self.root is not None
+        if self.root is None:  # as the protocol says (an episode's deadline stops it from another thread)
+            raise SandboxError("the sandbox was stopped")
         cwd = (self.root / "cwd").read_text().strip()
         script = (
             f"cd '{cwd}'; source '{self.root}/env' 2>/dev/null\n{command}\n"

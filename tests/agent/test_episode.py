@@ -10,6 +10,7 @@ from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.config.schema import AgentConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+from swe_megatron.sandbox.base import SandboxError
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import ExitReason
 
@@ -129,20 +130,60 @@ def test_engine_and_sandbox_failures_are_infrastructure(task, chat):
         and traj.excluded
         and "connection refused" in traj.infra_failure
     )
+
+
+def _failing_on(task, command: str) -> DirSandbox:
+    """The fake sandbox, failing (SandboxError) when `command` is sent to it."""
     sb = DirSandbox(task.extra["repo_dir"])
-    policy = ScriptedPolicy(chat, {task.instance_id: ["```\nls\n```"]})
     orig = sb.exec
-    calls = []
 
     def flaky(cmd, timeout_s=None):
-        calls.append(cmd)
-        if cmd == "ls":
-            raise __import__("swe_megatron.sandbox.base", fromlist=["x"]).SandboxError("bwrap died")
+        if cmd == command:
+            raise SandboxError("bwrap died")
         return orig(cmd, timeout_s)
 
     sb.exec = flaky
-    traj = episode(task, policy, chat, sb=sb)
-    assert traj.exit_reason == ExitReason.sandbox_error and traj.excluded
+    return sb
+
+
+def test_a_sandbox_failure_is_excluded_only_before_the_agents_first_command(task, chat):
+    """grading/exclusion.py: before any agent command ran, a sandbox failure is infrastructure; after, the
+    agent may have caused it (a dead shell, a locked repository), so it is scored with what patch there is."""
+    script = ["```\necho fixed > notes.txt\n```", "```\nls\n```"]
+    sb = DirSandbox(task.extra["repo_dir"])
+    sb.fail_next = True  # fails the harness's own first command (the shell setup)
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=sb)
+    assert traj.exit_reason == ExitReason.sandbox_error and traj.excluded and "bwrap died" not in traj.patch
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=_failing_on(task, "ls"))
+    assert traj.exit_reason == ExitReason.sandbox_lost and not traj.excluded and traj.infra_failure is None
+    assert "+fixed" in traj.patch and traj.num_steps == 2
+
+
+class _SlowPolicy(ScriptedPolicy):
+    """The scripted policy, each generation taking `seconds` (a slow engine)."""
+
+    seconds = 0.0
+
+    def generate(self, prompt_ids, max_tokens, session=""):
+        __import__("time").sleep(self.seconds)
+        return super().generate(prompt_ids, max_tokens, session)
+
+
+@pytest.mark.parametrize(
+    ("command_s", "generate_s", "reason"),
+    [(0.6, 0.0, ExitReason.time_limit), (0.0, 0.6, ExitReason.harness_timeout)],
+)
+def test_a_deadline_is_scored_when_the_agents_own_commands_took_the_time(task, chat, command_s, generate_s, reason):
+    """Issue 24 attack 7: an agent whose own commands run long reaches the deadline -> scored (time_limit);
+    a slow engine -> excluded (harness_timeout)."""
+    policy = _SlowPolicy(chat, {task.instance_id: [f"```\nsleep {command_s}\n```"] * 8})
+    policy.seconds = generate_s
+    sb = DirSandbox(task.extra["repo_dir"])
+    scaffold = Scaffold(policy, chat, PROMPTS, CFG, limits())
+    deadline = __import__("time").monotonic() + 2.0
+    traj = Episode(scaffold, task, 0, sb, sb.workdir, f"{task.instance_id}/0/0", deadline).run()
+    assert traj.exit_reason == reason, (traj.exit_reason, traj.infra_failure, traj.timings)
+    assert traj.excluded == (reason == ExitReason.harness_timeout)
 
 
 def test_tiny_random_model_episode_keeps_provenance(task, chat):
