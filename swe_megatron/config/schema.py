@@ -515,12 +515,13 @@ class AgentConfig:
     infra_retries: int = 2
     """Times an episode that ended in an infrastructure failure is run again before it is given up (not
     after a timeout: a straggler would most likely straggle again)."""
-    episode_timeout_s: float = 3600.0
+    episode_timeout_s: float = 14400.0
     """Wall-clock limit of one episode (sandbox start to patch, grading not included); past it the episode
-    ends as an infrastructure failure (exit harness_timeout, excluded, not retried); 0: no limit. The model's
-    own budget is t_max turns of sandbox.command_timeout_s commands: this limit catches slow or stuck
-    infrastructure (a generation request in flight is not interrupted; it ends within
-    engine.request_timeout_s)."""
+    ends as an infrastructure failure (exit harness_timeout, excluded, not retried) unless the agent's own
+    commands took most of the time (time_limit, scored; grading/exclusion.py); 0: no limit. It must exceed
+    the model's own budget, t_max turns of sandbox.command_timeout_s commands (80 x 120 s = 9600 s for the
+    default eval), so it catches slow or stuck infrastructure (a generation request in flight is not
+    interrupted; it ends within engine.request_timeout_s)."""
     rollout_timeout_s: float = 0.0
     """Wall-clock limit of one iteration's rollout phase (all episodes and their grading); past it the
     episodes still running are cancelled and those not started are skipped, all counted and excluded as

@@ -270,6 +270,19 @@ def _agent_problems(cfg: Any) -> list[str]:
     for key in ("episode_timeout_s", "rollout_timeout_s"):
         if not getattr(a, key) >= 0:
             out.append(f"agent.{key}={getattr(a, key)} is invalid; allowed: seconds >= 0 (0: no limit)")
+    # An episode past its deadline may be excluded (grading/exclusion.py): its own commands must not reach it.
+    turns = {name: cfg[name].t_max for name in STAGE_NAMES if name in cfg.schedule and name != "eval"}
+    if "eval" in cfg.schedule:
+        turns["eval"] = cfg.eval.t_max
+    if turns and a.episode_timeout_s > 0:
+        stage, t_max = max(turns.items(), key=lambda kv: kv[1])
+        own = t_max * cfg.sandbox.command_timeout_s
+        if a.episode_timeout_s <= own:
+            out.append(
+                f"agent.episode_timeout_s={a.episode_timeout_s:g} is invalid; allowed: 0 (no limit) or more than "
+                f"the agent's own commands can take, {stage} t_max x sandbox.command_timeout_s = {t_max} x "
+                f"{cfg.sandbox.command_timeout_s:g} = {own:g} s, plus time for generation"
+            )
     return out
 
 

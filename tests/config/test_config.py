@@ -290,3 +290,14 @@ def test_a_group_override_merges_a_fragment_in_place(tmp_path):
         fast.algo.max_staleness == 1 and fast.algo.off_policy.tis_cap == 2.0 and fast.agent.partial_rollouts
     )
     assert load_config("embedded").algo.max_staleness == 0  # the paper's synchronous loop by default
+
+
+def test_an_episode_deadline_the_agents_own_commands_can_reach_is_refused():
+    """Issue 24 attack 7: t_max x sandbox.command_timeout_s past agent.episode_timeout_s let an honest slow agent
+    be excluded (harness_timeout); the config refuses it in one message, naming the stage and the sum."""
+    with pytest.raises(ConfigError) as info:
+        load_config("paper-7b", ["agent.episode_timeout_s=3600"])
+    (line,) = [x for x in str(info.value).splitlines() if "episode_timeout_s" in x]
+    assert "80 x 120 = 9600 s" in line, line
+    load_config("paper-7b", ["agent.episode_timeout_s=9601"])
+    load_config("paper-7b", ["agent.episode_timeout_s=0"])
