@@ -173,7 +173,9 @@ class _SlowPolicy(ScriptedPolicy):
     ("command_s", "generate_s", "reason"),
     [(0.6, 0.0, ExitReason.time_limit), (0.0, 0.6, ExitReason.harness_timeout)],
 )
-def test_a_deadline_is_scored_when_the_agents_own_commands_took_the_time(task, chat, command_s, generate_s, reason):
+def test_a_deadline_is_scored_when_the_agents_own_commands_took_the_time(
+    task, chat, command_s, generate_s, reason
+):
     """Issue 24 attack 7: an agent whose own commands run long reaches the deadline -> scored (time_limit);
     a slow engine -> excluded (harness_timeout)."""
     policy = _SlowPolicy(chat, {task.instance_id: [f"```\nsleep {command_s}\n```"] * 8})

@@ -172,7 +172,9 @@ def test_long_output_is_cut_to_its_tail(tiny, sandbox_factory, tmp_path):
         ("test.diff", ERROR, "harness_step"),  # restoring the tests: the control run times out too
     ],
 )
-def test_a_step_timing_out_is_excluded_only_under_the_rule(tiny, sandbox_factory, tmp_path, slow, status, excluded):
+def test_a_step_timing_out_is_excluded_only_under_the_rule(
+    tiny, sandbox_factory, tmp_path, slow, status, excluded
+):
     task = tiny
 
     class SlowStep:  # labelled fake: the real bwrap sandbox, with one kind of step reported as timed out
