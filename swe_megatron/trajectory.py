@@ -16,7 +16,7 @@ from typing import Any
 
 
 class ExitReason(str, Enum):
-    """Why the episode ended. The first six are model outcomes; the rest are infrastructure failures (which
+    """Why the episode ended. The first seven are model outcomes; the rest are infrastructure failures (which
     is which: grading/exclusion.py)."""
 
     submitted = "submitted"
@@ -30,6 +30,9 @@ class ExitReason(str, Enum):
     sandbox_lost = "sandbox_lost"
     """The sandbox failed after the agent's commands ran (a model outcome: graded with the patch, if any, that
     could still be taken; the agent can kill its shell, lock its files, exhaust its limits)."""
+    harness_broken = "harness_broken"
+    """The harness raised on something after the agent's commands ran (a model outcome: what they left, e.g. an
+    unreadable file, may be why; logged with its traceback, graded with the patch that can still be taken)."""
     time_limit = "time_limit"
     """The episode's deadline passed while the agent's own commands had taken most of its time (a model
     outcome; graded with the patch, if any, that could still be taken)."""

@@ -152,6 +152,12 @@ class Episode:
             self._ended(None, t_start)
         except (EngineError, SandboxError) as e:
             self._ended(e, t_start)
+        except Exception:
+            if self.phase is Phase.HARNESS:  # the rollout manager records it as harness_error (excluded)
+                raise
+            log.exception("episode %s: the harness failed after the agent's commands (scored)", self.session)
+            self.traj.exit_reason = ExitReason.harness_broken
+            self._take_patch()
         finally:
             if watchdog is not None:
                 watchdog.cancel()
@@ -241,10 +247,14 @@ class Episode:
         else:
             log.warning("episode %s: the sandbox failed after the agent's commands: %s", self.session, error)
             self.traj.exit_reason = ExitReason.sandbox_lost
+        self._take_patch()
+
+    def _take_patch(self) -> None:
+        """After a scored ending that was not `submit`: the patch, if one can still be taken (else empty, 0)."""
         with self._timed("patch"):
             try:
                 self.traj.patch = self.aci.patch(timeout_s=30)
-            except SandboxError as e:  # nothing left to take it from: the empty patch, graded 0
+            except Exception as e:  # noqa: BLE001 - nothing left to take it from: the empty patch, graded 0
                 log.warning("episode %s: no patch after %s: %s", self.session, self.traj.exit_reason.value, e)
 
     def _stop(self) -> None:

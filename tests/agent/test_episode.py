@@ -132,14 +132,14 @@ def test_engine_and_sandbox_failures_are_infrastructure(task, chat):
     )
 
 
-def _failing_on(task, command: str) -> DirSandbox:
-    """The fake sandbox, failing (SandboxError) when `command` is sent to it."""
+def _failing_on(task, command: str, error: Exception | None = None) -> DirSandbox:
+    """The fake sandbox, failing (SandboxError, or `error`) when `command` is sent to it."""
     sb = DirSandbox(task.extra["repo_dir"])
     orig = sb.exec
 
     def flaky(cmd, timeout_s=None):
         if cmd == command:
-            raise SandboxError("bwrap died")
+            raise error or SandboxError("bwrap died")
         return orig(cmd, timeout_s)
 
     sb.exec = flaky
@@ -157,6 +157,10 @@ def test_a_sandbox_failure_is_excluded_only_before_the_agents_first_command(task
     traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=_failing_on(task, "ls"))
     assert traj.exit_reason == ExitReason.sandbox_lost and not traj.excluded and traj.infra_failure is None
     assert "+fixed" in traj.patch and traj.num_steps == 2
+    # any other harness failure after the agent's commands (attack 6 was a PermissionError) is scored too
+    sb = _failing_on(task, "ls", PermissionError(13, "file has other hard links"))
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=sb)
+    assert traj.exit_reason == ExitReason.harness_broken and not traj.excluded and "+fixed" in traj.patch
 
 
 class _SlowPolicy(ScriptedPolicy):

@@ -18,31 +18,24 @@ from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_one
 
 pytestmark = pytest.mark.sandbox
 
-_ANCESTORS = (
-    "def _ancestors():\n"
-    "    p = _o.getpid()\n"
-    "    while p > 1:\n"
-    "        st = open('/proc/%d/stat' % p).read()\n"
-    "        p = int(st[st.rindex(')') + 2:].split()[1])\n"
-    "        yield p\n"
-)
 _REC = "_swe_megatron' + '_grade_record"
 
 GRADING_ATTACKS = {
-    # 1: at exit, overwrite every harness file it can reach with `exit 90` (the eval script once was one, and
-    # 90 meant "setup failed": excluded), then kill the eval script's shell.
-    "1_rewrites_harness_files_kills_the_script": (
-        "import atexit as _a, os as _o, signal as _s, glob as _g\n" + _ANCESTORS + "def _x():\n"
+    # 1: at exit, write `exit 90;` over the exit-status line of every harness file it can reach (bash was still
+    # reading the eval script from one, and 90 meant "setup failed": excluded), the script's file is gone now
+    # (`bash -c`), and a setup failure is decided before the patch is applied.
+    "1_rewrites_the_eval_script": (
+        "import atexit as _a, os as _o, glob as _g\n"
+        "def _x():\n"
         "    for f in _g.glob('.git/swe_megatron_grade/*/*') + _g.glob('.git/swe_megatron_grade/*/*/*'):\n"
         "        try:\n"
-        "            fd = _o.open(f, _o.O_WRONLY)\n"
-        "            _o.pwrite(fd, b'exit 90\\n', 0)\n"
-        "            _o.close(fd)\n"
+        "            i = open(f, 'rb').read().find(b'echo $?')\n"
+        "            if i >= 0:\n"
+        "                fd = _o.open(f, _o.O_WRONLY)\n"
+        "                _o.pwrite(fd, b'exit 90;', i)\n"
+        "                _o.close(fd)\n"
         "        except OSError:\n"
         "            pass\n"
-        "    for p in _ancestors():\n"
-        "        if b'PYTEST_PLUGINS' in open('/proc/%d/cmdline' % p, 'rb').read():\n"
-        "            _o.kill(p, _s.SIGKILL)\n"
         "_a.register(_x)\n"
     ),
     # 2: the record's `tests` a list; then 200,000 nested arrays (json.loads -> RecursionError: a grader crash)
@@ -70,10 +63,13 @@ GRADING_ATTACKS = {
         "    _o.kill(-1, 9)\n"
         "_a.register(_x)\n"
     ),
-    # 8: 20 MB of output at exit (the host once read the whole log: 300 MB -> 1.24 GB of grader memory)
+    # 8: 20 MB of output at exit, with the name the eval script once cut the log through made a folder (the
+    # host then read the whole log: 300 MB -> 1.24 GB of grader memory); the host reads only the tail now.
     "8_floods_the_log": (
-        "import atexit as _a, os as _o\n"
+        "import atexit as _a, os as _o, glob as _g\n"
         "def _x():\n"
+        "    for d in _g.glob('.git/swe_megatron_grade/*/'):\n"
+        "        _o.makedirs(d + 'test_output.tail', exist_ok=True)\n"
         "    for _ in range(20):\n"
         "        _o.write(1, b'x' * (1 << 20))\n"
         "_a.register(_x)\n"
@@ -99,6 +95,7 @@ def test_grading_attacks_are_scored_never_excluded(name, attack_targets, sandbox
     assert (result.status, result.excluded, result.reward) == (UNRESOLVED, "", 0.0), result.reason
     if name.startswith("2_"):
         assert "harness record is invalid" in result.tampered, result.tampered
+    assert (tmp_path / "test_output.txt").stat().st_size < 2 << 16  # what the host read back was capped
 
 
 def test_a_file_below_a_test_file_is_dropped_and_the_fix_still_counts(
