@@ -20,10 +20,11 @@ What counts as what (the excluded kinds are the Excluded enum; when one may be u
   either before the patch was applied, or a control run (the same grading with an empty patch, in a fresh
   sandbox) failed the same way. Otherwise the failure is the patch's: unresolved, flagged `tampered`.
 - unresolved (reward 0): the patch did not apply (within sandbox.grade_apply_timeout_s), or is larger than
-  sandbox.grade_max_patch_bytes; the tests failed; the harness record is missing or invalid; the test process was killed or
-  ended before pytest finished; the printed results disagree with the harness record; a canary came out
-  wrong; the tests ran past the test timeout, or the eval script was held past it (its `timeout` or shell
-  stopped or traced by the patch). A suite that only hangs because of the patch must not be excluded as
+  sandbox.grade_max_patch_bytes; the tests failed; the harness record is missing or invalid (what the sandbox
+  hands back is read capped and schema-checked); the test process was killed or ended before pytest
+  finished; the printed results disagree with the harness record; a canary came out wrong; the tests ran
+  past the test timeout, or the eval script was held past it (its `timeout` or shell stopped or traced by
+  the patch). A suite that only hangs because of the patch must not be excluded as
   "infrastructure", or hanging becomes a way to dodge a 0 on hard tasks; the timeout is generous
   (sandbox.grade_timeout_s, minutes against suites of seconds) so load alone does not reach it.
 - empty_patch (reward 0): nothing left to apply after sanitising, or the patch did not parse.
@@ -840,8 +841,8 @@ def parse_record(raw: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
         record = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         return None, f"not JSON ({type(e).__name__})"
-    if not isinstance(record, dict) or set(record) != {"finished", "exitstatus", "tests"}:
-        return None, "not an object with exactly finished, exitstatus, tests"
+    if not isinstance(record, dict) or not {"finished", "exitstatus", "tests"} <= set(record):
+        return None, "not an object with finished, exitstatus and tests"
     tests = record["tests"]
     if record["finished"] is not True or type(record["exitstatus"]) is not int or not isinstance(tests, dict):
         return None, "finished is not true, exitstatus not an integer or tests not an object"
