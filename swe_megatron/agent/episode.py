@@ -27,7 +27,7 @@ from swe_megatron.agent.tokens import ChatFormat, TokenLedger, check_provenance
 from swe_megatron.config.schema import AgentConfig
 from swe_megatron.engine.base import Engine, EngineError
 from swe_megatron.grading.exclusion import Phase, deadline_excluded, excludable
-from swe_megatron.sandbox.base import Sandbox, SandboxError
+from swe_megatron.sandbox.base import Sandbox, SandboxError, SandboxServerLost
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import ExitReason, Trajectory
 
@@ -242,7 +242,7 @@ class Episode:
             self.traj.exit_reason = ExitReason.time_limit
         elif isinstance(error, EngineError):  # outside the sandbox: only token ids the harness built
             return self._infra(ExitReason.engine_error, f"engine: {error}")
-        elif excludable(self.phase, "sandbox"):
+        elif excludable(self.phase, "sandbox", outside=isinstance(error, SandboxServerLost)):
             return self._infra(ExitReason.sandbox_error, f"sandbox: {error}")
         else:
             log.warning("episode %s: the sandbox failed after the agent's commands: %s", self.session, error)

@@ -5,7 +5,9 @@ that fires on failure, next to a real fix, beats honest play. Hence, for grading
 
     A failure is excluded only when the harness can show it was not the model's:
       1. it happened before any model-controlled content ran or was applied (Phase.HARNESS), or
-      2. a control run -- the same grading with an empty patch, in a fresh sandbox -- fails the same way.
+      2. a control run -- the same grading with an empty patch, in a fresh sandbox -- fails the same way, or
+      3. it happened outside every sandbox: the sandbox server stopped answering (SandboxServerLost: a failed
+         request, then a failed health probe of the server process, which runs no model content).
     Everything else is scored (0 unless the tests really pass).
 
 Where model content begins:
@@ -35,11 +37,11 @@ class Phase(str, Enum):
     """The patch was applied, or an agent command ran: the model's content may have caused what followed."""
 
 
-def excludable(phase: Phase, kind: str, control_kind: str | None = None) -> bool:
-    """Whether a failure of `kind` in `phase` may be excluded: always before model content; after it only when
-    the control run (empty patch, fresh sandbox) failed with the same kind (`control_kind`, None: it did not
-    fail or was not run)."""
-    return phase is Phase.HARNESS or (control_kind is not None and control_kind == kind)
+def excludable(phase: Phase, kind: str, control_kind: str | None = None, outside: bool = False) -> bool:
+    """Whether a failure of `kind` in `phase` may be excluded: always before model content or when it was
+    `outside` every sandbox (rule 3); after model content only when the control run (empty patch, fresh
+    sandbox) failed with the same kind (`control_kind`, None: it did not fail or was not run)."""
+    return phase is Phase.HARNESS or outside or (control_kind is not None and control_kind == kind)
 
 
 def needs_control(phase: Phase) -> bool:

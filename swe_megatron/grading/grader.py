@@ -53,7 +53,7 @@ from swe_megatron.grading import eval_script
 from swe_megatron.grading.exclusion import Phase, excludable, needs_control
 from swe_megatron.grading.sanitize import DroppedFile, sanitize_patch, task_test_paths
 from swe_megatron.grading.swebench_light import import_swebench_grading
-from swe_megatron.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from swe_megatron.sandbox.base import Sandbox, SandboxError, SandboxServerLost, SandboxSpec
 from swe_megatron.tasks.schema import Task
 
 SandboxFactory = Callable[[SandboxSpec], Sandbox]
@@ -349,10 +349,10 @@ def _grade_in_sandbox(
         resolved, tests_status, reason, tampered = _decide_run(task, tg, run, patch)
     except Exception as e:
         kind, what = _failure(e, done.logs)
-        control = None
-        if needs_control(sandbox_run.phase):
+        outside, control = isinstance(e, SandboxServerLost), None
+        if needs_control(sandbox_run.phase) and not outside:
             control = _control_failure(task, tg, sandbox_factory, limits, done.logs / "control")
-        if excludable(sandbox_run.phase, kind.value, control):
+        if excludable(sandbox_run.phase, kind.value, control, outside):
             return done(ERROR, f"infrastructure: {what}", excluded=kind.value, **common)
         why = f"after the patch was applied: {what} (a control run with an empty patch did not fail so)"
         return done(UNRESOLVED, why, tampered=why, timings=sandbox_run.result.timings, **common)

@@ -40,7 +40,14 @@ from swe_megatron.engine.base import EngineError, Generation
 from swe_megatron.engine.vllm import VllmEngine
 from swe_megatron.errors import UsageError
 from swe_megatron.net import http_health
-from swe_megatron.sandbox.base import ExecResult, NoFreeSlot, SandboxError, SandboxSpec, slot_reserve
+from swe_megatron.sandbox.base import (
+    ExecResult,
+    NoFreeSlot,
+    SandboxError,
+    SandboxServerLost,
+    SandboxSpec,
+    slot_reserve,
+)
 from swe_megatron.sandbox.client import SandboxClient
 
 log = logging.getLogger(__name__)
@@ -257,11 +264,14 @@ class SandboxPool:
         # server makes close() wait for its request timeout.
         threading.Thread(target=self.clients[i].close, name="sandbox-close", daemon=True).start()
 
-    def failed(self, i: int, error: BaseException) -> None:
-        """A request to server i failed: probe it, take it out of rotation if it does not answer."""
+    def failed(self, i: int, error: BaseException) -> bool:
+        """A request to server i failed: probe it, take it out of rotation if it does not answer; True if it
+        is out of rotation."""
         was_dead = self.rotation.is_dead(i)
-        if self.rotation.failed(i, error) and not was_dead:
+        dead = self.rotation.failed(i, error)
+        if dead and not was_dead:
             self._close_later(i)
+        return dead
 
     def sandbox(self, spec: SandboxSpec) -> RoutedSandbox | Unplaced:
         """A new sandbox (not started) on the least-loaded live server; with none left, one that fails to start.
@@ -305,13 +315,14 @@ class RoutedSandbox:
 
     def _call(self, fn, *args, **kwargs):
         if self.pool.rotation.is_dead(self.index):
-            raise SandboxError(
+            raise SandboxServerLost(
                 f"sandbox server {self.server} is out of rotation: {self.pool.rotation.dead[self.index]}"
             )
         try:
             return fn(*args, **kwargs)
         except SandboxError as e:
-            self.pool.failed(self.index, e)
+            if self.pool.failed(self.index, e):  # the server itself is gone, not just this sandbox
+                raise SandboxServerLost(f"sandbox server {self.server} stopped answering: {e}") from e
             raise
 
     def claim(self) -> None:

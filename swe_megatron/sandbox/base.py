@@ -36,6 +36,11 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (not the command inside it): an infrastructure failure."""
 
 
+class SandboxServerLost(SandboxError):
+    """The sandbox server holding the sandbox stopped answering (a failed request, then a failed health probe):
+    a failure outside the sandbox, which nothing run inside it can cause (grading/exclusion.py)."""
+
+
 class NoFreeSlot(SandboxError):
     """A sandbox made ahead of need (see `ahead_of_need`) found no sandbox server slot to spare: it is not
     made, and the caller makes one when it is needed."""

@@ -10,7 +10,7 @@ from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.config.schema import AgentConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
-from swe_megatron.sandbox.base import SandboxError
+from swe_megatron.sandbox.base import SandboxError, SandboxServerLost
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import ExitReason
 
@@ -161,6 +161,10 @@ def test_a_sandbox_failure_is_excluded_only_before_the_agents_first_command(task
     sb = _failing_on(task, "ls", PermissionError(13, "file has other hard links"))
     traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=sb)
     assert traj.exit_reason == ExitReason.harness_broken and not traj.excluded and "+fixed" in traj.patch
+    # the sandbox server itself stopped answering (rule 3: outside every sandbox): excluded at any time
+    sb = _failing_on(task, "ls", SandboxServerLost("sandbox server http://b stopped answering"))
+    traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=sb)
+    assert traj.exit_reason == ExitReason.sandbox_error and traj.excluded
 
 
 class _SlowPolicy(ScriptedPolicy):

@@ -26,7 +26,7 @@ from swe_megatron.grading.grader import (
     grade_one,
     parse_record,
 )
-from swe_megatron.sandbox.base import ExecResult, SandboxError
+from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxServerLost
 
 
 class FakeSandbox:
@@ -127,6 +127,20 @@ def test_a_failure_after_the_patch_is_excluded_only_when_the_control_fails_the_s
     assert len(FakeSandbox.made) == 2  # the control run had a fresh sandbox of its own
     both = grade(tmp_path / "both", FAIL, fail=fail, timeout=timeout, fail_control=True)
     assert (both.status, both.excluded, both.reward) == (ERROR, kind, None), both.reason
+
+
+def test_a_sandbox_server_that_stopped_answering_is_excluded_without_a_control(tmp_path):
+    """Rule 3: SandboxServerLost (the server failed its health probe) is outside every sandbox."""
+    FakeSandbox.made = []
+
+    class ServerGone(FakeSandbox):
+        def exec(self, command, timeout_s=None):
+            if "PYTEST_PLUGINS" in command:
+                raise SandboxServerLost("sandbox server http://b stopped answering")
+            return super().exec(command, timeout_s)
+
+    result = grade_one(make_task(), GOLD_PATCH, lambda spec: ServerGone(PASS), log_dir=tmp_path)
+    assert (result.status, result.excluded) == (ERROR, "sandbox") and len(FakeSandbox.made) == 1
 
 
 NESTED = b"[" * 200_000 + b"]" * 200_000

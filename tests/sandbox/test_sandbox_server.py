@@ -75,6 +75,10 @@ def test_remote_sandbox_works_like_a_local_one(server, repo):
             assert sb.exec("sleep 20", timeout_s=1).timed_out
             sb.write_file("pkg/new.py", b"\x00data")
             assert sb.read_file("/testbed/pkg/new.py") == b"\x00data"
+            assert sb.read_file("/testbed/pkg/new.py", max_bytes=3) == b"ata"  # only the tail (issue 24)
+            sb.exec("mkfifo pipe")
+            with pytest.raises(PermissionError):  # a fifo would block a capped read: refused
+                sb.read_file("/testbed/pkg/pipe", max_bytes=3)
             with pytest.raises(FileNotFoundError):
                 sb.read_file("nope")
             sb.exec("ln -s /etc/passwd leak")
@@ -127,6 +131,8 @@ MALFORMED = [  # (endpoint, body, the field the answer must name)
     ("exec", {"timeout_s": 5}, "command"),
     ("read", {"path": "a\x00b"}, "path"),
     ("read", {"path": ["a"]}, "path"),
+    ("read", {"path": "a", "max_bytes": -1}, "max_bytes"),
+    ("read", {"path": "a", "max_bytes": "9"}, "max_bytes"),
     ("write", {"path": "a\x00b", "data_b64": ""}, "path"),
     ("write", {"path": "x.txt", "data_b64": "not base64!"}, "data_b64"),
     ("write", {"path": "x.txt", "data_b64": "abc"}, "data_b64"),
