@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from attacks import RUNNER_ATTACKS
+from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -27,9 +27,21 @@ BLANKET = [n for n in RUNNER_ATTACKS if n != "ptrace_attaches_to_siblings"]
 @pytest.fixture(scope="session")
 def attack_targets(factory_task_files, tmp_path_factory):
     """Per task (first of each tasks file): (task, module path, its text at base, with gold)."""
+    return _targets(
+        [load_tasks_for_command(str(path))[0] for path, _ in factory_task_files], tmp_path_factory
+    )
+
+
+@pytest.fixture(scope="session")
+def every_target(factory_task_files, tmp_path_factory):
+    """attack_targets for every factory task the grading tests use (each file's first `count`)."""
+    tasks = [t for path, count in factory_task_files for t in load_tasks_for_command(str(path))[:count]]
+    return _targets(tasks, tmp_path_factory)
+
+
+def _targets(tasks, tmp_path_factory):
     out = []
-    for path, _ in factory_task_files:
-        task = load_tasks_for_command(str(path))[0]
+    for task in tasks:
         repo = task_grading(task).spec.repo_dir
         module = next(
             pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
@@ -49,7 +61,8 @@ def _read(root, rel):
 def _attack(name, target, with_fix):
     task, module, before, fixed = target
     start = fixed if with_fix else before
-    return diff((module, before, start + "\n\n" + RUNNER_ATTACKS[name]))
+    source = RUNNER_ATTACKS[name] if name in RUNNER_ATTACKS else ADAPTIVE_ATTACKS[name]
+    return diff((module, before, start + "\n\n" + source))
 
 
 def _grade(target, patch, factory, log_dir, **kw):
@@ -88,7 +101,29 @@ def test_ptrace_of_siblings_is_graded_not_excluded(attack_targets, sandbox_facto
     assert "held past its test timeout" in result.reason
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14: the bwrap sandbox has no seccomp filter; ptrace works")
 def test_ptrace_of_siblings_is_refused(attack_targets, sandbox_factory, tmp_path):
     _, attempts = _ptrace_attempts(attack_targets[0], sandbox_factory, tmp_path)
     assert attempts and not [a for a in attempts if a.endswith("ATTACHED")], attempts
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTIVE_ATTACKS))
+def test_adaptive_tampering_is_flagged_on_every_task(
+    name, every_target, sandbox_factory, tmp_path, monkeypatch
+):
+    """Rewrites that spare tests looking like the old canaries (name `test_` + 16 hex digits, 32-hex
+    constants), next to the gold fix: unresolved and `tampered` on every factory task, because a must-fail
+    twin is rewritten too. With the canaries off the attack alone resolves a task (the first one whose
+    failures it covers: (b) only swallows AssertionError), and with them on it is flagged there too."""
+    for i, target in enumerate(every_target):
+        r = _grade(target, _attack(name, target, True), sandbox_factory, tmp_path / f"fix{i}")
+        assert r.status == UNRESOLVED and r.tampered, (target[0].instance_id, r.status, r.reason)
+    monkeypatch.setattr(grader, "CANARIES", False)
+    for i, target in enumerate(every_target):
+        control = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"control{i}")
+        if control.status == RESOLVED:
+            break
+    else:
+        pytest.fail("the attack resolves no task even without canaries: the test shows nothing")
+    monkeypatch.setattr(grader, "CANARIES", True)
+    alone = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / "alone")
+    assert alone.status == UNRESOLVED and alone.tampered, (alone.status, alone.reason)
