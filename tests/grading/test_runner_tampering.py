@@ -8,6 +8,7 @@ off the same patches resolve: that shows each attack is real and that the canari
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -84,26 +85,19 @@ def test_runner_tampering_never_resolves_and_is_flagged(
     assert control.status == RESOLVED, ("the attack no longer works: the test shows nothing", control.reason)
 
 
-def _ptrace_attempts(target, factory, tmp_path) -> tuple[object, list[str]]:
-    patch = _attack("ptrace_attaches_to_siblings", target, False)
-    result = _grade(target, patch, factory, tmp_path, test_timeout_s=5, step_timeout_s=10)
-    log = (tmp_path / "test_output.txt").read_text()
-    line = next(ln for ln in log.splitlines() if ln.startswith("PTRACE_RESULTS"))
-    return result, line.split()[1:]
-
-
-def test_ptrace_of_siblings_is_graded_not_excluded(attack_targets, sandbox_factory, tmp_path):
-    """The patch PTRACE_ATTACHes every other process of its sandbox (the shell, the eval script, its
-    `timeout`), leaving them stopped: the eval script is held past its timeout, the patch's outcome."""
-    result, attempts = _ptrace_attempts(attack_targets[0], sandbox_factory, tmp_path)
-    assert attempts, "no other process was visible"
-    assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
-    assert "held past its test timeout" in result.reason
-
-
 def test_ptrace_of_siblings_is_refused(attack_targets, sandbox_factory, tmp_path):
-    _, attempts = _ptrace_attempts(attack_targets[0], sandbox_factory, tmp_path)
-    assert attempts and not [a for a in attempts if a.endswith("ATTACHED")], attempts
+    """The patch tries to PTRACE_ATTACH every other process of its sandbox (the shell, the eval script, its
+    `timeout`): the seccomp filter refuses each (sandbox/seccomp.py), so nothing is held and the run is
+    graded as usual (unresolved: the patch fixes nothing). Without the filter the attaches succeed and
+    hold the eval script past its timeout."""
+    patch = _attack("ptrace_attaches_to_siblings", attack_targets[0], False)
+    result = _grade(attack_targets[0], patch, sandbox_factory, tmp_path, test_timeout_s=60)
+    log = (tmp_path / "test_output.txt").read_text()
+    line = next(ln for ln in log.splitlines() if ln.startswith("PTRACE_RESULTS "))
+    attempts = re.split(r" (?=\d+:)", line.removeprefix("PTRACE_RESULTS ").strip())  # "pid:strerror"
+    assert attempts, "no other process was visible"
+    assert all(a.endswith("Operation not permitted") for a in attempts), attempts
+    assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
 
 
 @pytest.mark.parametrize("name", sorted(ADAPTIVE_ATTACKS))
