@@ -508,8 +508,9 @@ class _SandboxRun:
             )
 
     def _add_canaries(self) -> None:
-        """Plant the canary twins in the canary file (canaries.py), keeping its modification time; the
-        harness's copy is removed so the tested code finds no second version of the file to compare."""
+        """Plant the canary twins in the canary file (canaries.py), keeping its modification time. The
+        harness's copy and the applied test patch are removed, so the tested code finds no second version
+        of the test file to diff against (the lines only the canaried file has are the twins)."""
         if not (CANARIES and self.tg.canary_file):
             return
         file = self.tg.canary_file
@@ -522,7 +523,8 @@ class _SandboxRun:
         self.sandbox.write_file(f"{self.rel}/canaried", self.result.canaries.text.encode("utf-8"))
         target, copy = shlex.quote(file), f"{self.d}/canaried"
         res = self._step(
-            f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target} && rm -f {copy}",
+            f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target}"
+            f" && rm -f {copy} {self.d}/test.diff",
             "planting the canary tests",
         )
         if res.exit_code != 0:
