@@ -142,7 +142,11 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
             first = node.body[0].lineno
             body_indent = _indent(lines[first - 1]) if first != node.lineno else indent + "    "
             end = node.end_lineno or node.lineno
-            out[(cls, node.name)] = _Def(node.name, cls, ast.unparse(node.args), indent, body_indent, end)
+            # A decorator may supply arguments (mock.patch): without it they would be missing fixtures.
+            args = ast.unparse(node.args)
+            if node.decorator_list:
+                args = node.args.args[0].arg if cls and node.args.args else ""
+            out[(cls, node.name)] = _Def(node.name, cls, args, indent, body_indent, end)
     return out
 
 

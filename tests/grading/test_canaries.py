@@ -12,6 +12,9 @@ from swe_megatron.grading.canaries import MUST_FAIL, MUST_PASS, check, plant
 from swe_megatron.grading.swebench_light import import_swebench_grading
 
 SOURCE = """\
+import os
+from unittest import mock
+
 import pytest
 
 from collections import OrderedDict
@@ -39,9 +42,14 @@ class TestOrdered:
 
     def test_len(self, tmp_path):
         assert len({"k": 5}) == 1
+
+    @mock.patch("os.getcwd")
+    def test_cwd(self, getcwd):
+        getcwd.return_value = "x"
+        assert os.getcwd() == "x"
 """
 FILE = "pkg/tests/test_merge.py"
-IDS = [f"{FILE}::test_merge", f"{FILE}::TestOrdered::test_len", f"{FILE}::TestOrdered::test_keeps_order"]
+IDS = [f"{FILE}::test_merge", f"{FILE}::TestOrdered::test_len", f"{FILE}::TestOrdered::test_cwd"]
 
 
 def test_twins_sit_beside_their_anchors_and_look_like_the_file():
@@ -61,7 +69,8 @@ def test_twins_sit_beside_their_anchors_and_look_like_the_file():
         previous_def = next(ln for ln in reversed(before) if ln.lstrip().startswith("def "))
         assert re.match(rf"\s*def {anchor}(_\w+)?\(", previous_def), (name, previous_def)
         own_args = re.search(r"\((.*)\)", previous_def).group(1)
-        assert lines[at].endswith(f"({own_args}):")
+        want = "self" if anchor == "test_cwd" else own_args  # mock.patch supplies getcwd, not a fixture
+        assert lines[at].endswith(f"({want}):"), (lines[at], want)
     assert not re.search(r"[0-9a-f]{32}", c.text)
     source_constants = set(re.findall(r'"[a-z]+"|\b\d+\b', SOURCE))
     for ln in c.text.splitlines():
