@@ -231,7 +231,7 @@ def task_grading(task: Task) -> TaskGrading:
 
 
 CANARIES = True
-"""Append the canary tests (tests switch this off only to show what the canaries stop)."""
+"""Plant the canary tests (tests switch this off only to show what the canaries stop)."""
 
 
 def grade_one(
