@@ -2,7 +2,8 @@
 # Prepare a Linux machine for the bwrap sandbox backend (swe_megatron/sandbox/bwrap.py). Run as root.
 #
 # Idempotent; CI (.ci/run) calls it before the sandbox tests. It:
-#   1. installs bubblewrap and util-linux (setpriv, prlimit) with apt-get when they are missing;
+#   1. installs bubblewrap, util-linux (setpriv, prlimit) and libseccomp2 (the sandbox's seccomp filter,
+#      built through the pyseccomp binding) with apt-get when they are missing;
 #   2. creates the system user `swe-sandbox` (no login shell, no home) that agent commands run as;
 #   3. reserves a range of subordinate uids for that user in /etc/subuid. Each live sandbox runs under
 #      its own uid from this range, so RLIMIT_NPROC (counted per uid) caps every sandbox separately:
@@ -24,6 +25,7 @@ fi
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 { command -v setpriv >/dev/null && command -v prlimit >/dev/null; } || need+=(util-linux)
+ldconfig -p | grep -q "libseccomp\.so\.2 " || need+=(libseccomp2)
 if ((${#need[@]})); then
   echo "sandbox_setup.sh: installing ${need[*]}"
   apt-get update -qq

@@ -7,12 +7,12 @@ The decision is swebench's own (`get_eval_report` with the task's log parser) on
 harness writes; for pytest tasks the harness's record of the run (pytest_record.py) must agree.
 
 The code under test runs inside the pytest process that prints the log and keeps the record, so it can
-rewrite both (docs/security.md). What the patch cannot know is the harness's canaries: two tests with
-random names, appended at grading time to a test file the run collects, one that must pass and one that
-must fail (it compares two random tokens). Any canary reported wrong in the log or the record makes the
-run unresolved; when the run otherwise claimed success, or the must-fail canary came out passing, the
-result is flagged `tampered` (a blanket rewrite of outcomes turns the failing canary into a pass; a
-forged record or log lacks the canaries or gets them wrong).
+rewrite both (docs/security.md). What the patch cannot know is the harness's canaries (canaries.py):
+twins of the task's own tests, planted beside them at grading time, named and written like them, a few
+that must fail and one that must pass. Any canary reported wrong in the log or the record makes the
+run unresolved; when the run otherwise claimed success, or a must-fail canary came out passing, the
+result is flagged `tampered` (a rewrite of outcomes that cannot tell the twins from real tests turns a
+failing twin into a pass; a forged record or log lacks the twins or gets them wrong).
 
 What counts as what (the excluded kinds are the Excluded enum; when one may be used is exclusion.py's rule):
 - error (excluded, never a 0): the sandbox failed (SandboxError), a harness step failed or timed out, the
@@ -49,7 +49,9 @@ from typing import Any
 from unidiff import PatchSet
 
 from swe_megatron.atomic_write import write_atomic
+from swe_megatron.grading import canaries as canary_tests
 from swe_megatron.grading import eval_script
+from swe_megatron.grading.canaries import Canaries
 from swe_megatron.grading.exclusion import Phase, excludable, needs_control
 from swe_megatron.grading.sanitize import DroppedFile, sanitize_patch, task_test_paths
 from swe_megatron.grading.swebench_light import import_swebench_grading
@@ -167,7 +169,7 @@ class TaskGrading:
     existing_test_files: list[str]
     """Test-patch files that exist at base_commit (checked out before the test patch)."""
     canary_file: str | None = None
-    """Test file the canaries are appended to (that of the first FAIL_TO_PASS/PASS_TO_PASS pytest id);
+    """Test file the canaries are planted in (that of the first FAIL_TO_PASS/PASS_TO_PASS pytest id);
     None where the run keeps no record, no test id names a .py file, or the command selects tests (`::`, -k)."""
 
 
@@ -231,47 +233,7 @@ def task_grading(task: Task) -> TaskGrading:
 
 
 CANARIES = True
-"""Append the canary tests (tests switch this off only to show what the canaries stop)."""
-
-
-@dataclass
-class Canaries:
-    """The canary tests of one grading: unguessable names and tokens, drawn fresh each time."""
-
-    file: str
-    """Test file (repository path) they are appended to."""
-    must_pass: str = field(default_factory=lambda: f"test_{secrets.token_hex(8)}")
-    """Name of the canary that passes (asserts a random token equals itself)."""
-    must_fail: str = field(default_factory=lambda: f"test_{secrets.token_hex(8)}")
-    """Name of the canary that fails (asserts two different random tokens are equal)."""
-
-    def source(self) -> str:
-        """The canary functions, appended at module level after the test file's own code."""
-        a, b = secrets.token_hex(16), secrets.token_hex(16)
-        return (
-            f"\n\n\ndef {self.must_pass}():\n    assert {a!r} == {a!r}\n"
-            f"\n\ndef {self.must_fail}():\n    assert {a!r} == {b!r}\n"
-        )
-
-    def expected(self) -> dict[str, str]:
-        """pytest node id -> the only outcome an untampered run reports."""
-        return {f"{self.file}::{self.must_pass}": "PASSED", f"{self.file}::{self.must_fail}": "FAILED"}
-
-
-def check_canaries(
-    canaries: Canaries, log_status: dict[str, str], record: dict[str, Any] | None
-) -> tuple[list[str], bool]:
-    """(the canary outcomes that are wrong, "source: id got X, expected Y"; whether a must-fail canary was
-    reported passing), from the log's parsed outcomes and the harness record."""
-    sources = {"log": log_status, "record": (record or {}).get("tests") or {}}
-    wrong, forged = [], False
-    for source, outcomes in sources.items():
-        for node, want in canaries.expected().items():
-            got = outcomes.get(node, "missing")
-            if got != want:
-                wrong.append(f"{source}: {node.rsplit('::', 1)[1]} {got}, expected {want}")
-                forged |= want == "FAILED" and got in ("PASSED", "XPASS")
-    return wrong, forged
+"""Plant the canary tests (tests switch this off only to show what the canaries stop)."""
 
 
 def grade_one(
@@ -415,7 +377,7 @@ def _decide_run(
     resolved, tests_status, reason = decide(task, tg, run.log_path, run.record, patch)
     if run.canaries is None:
         return resolved, tests_status, reason, False
-    wrong, forged = check_canaries(run.canaries, _log_status(task, tg, run.log_path), run.record)
+    wrong, forged = canary_tests.check(run.canaries, _log_status(task, tg, run.log_path), run.record)
     tampered = bool(wrong) and (resolved or forged)
     if tampered:
         reason = "the harness's canary tests came out wrong: " + "; ".join(wrong)
@@ -598,16 +560,27 @@ class _SandboxRun:
             )
 
     def _add_canaries(self) -> None:
+        """Plant the canary twins in the canary file (canaries.py), keeping its modification time. The
+        harness's copy and the applied test patch are removed, so the tested code finds no second version
+        of the test file to diff against (the lines only the canaried file has are the twins)."""
         if not (CANARIES and self.tg.canary_file):
             return
-        self.result.canaries = Canaries(self.tg.canary_file)
-        self.sandbox.write_file(f"{self.rel}/canary.py", self.result.canaries.source().encode())
-        target = shlex.quote(self.tg.canary_file)
+        file = self.tg.canary_file
+        try:
+            source = self.sandbox.read_file(file).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise GradingInfraError(f"cannot read the canary file {file} (task broken?): {e}") from None
+        ids = [t for t in [*self.task.FAIL_TO_PASS, *self.task.PASS_TO_PASS] if t.startswith(f"{file}::")]
+        self.result.canaries = canary_tests.plant(file, source, ids)
+        self.sandbox.write_file(f"{self.rel}/canaried", self.result.canaries.text.encode("utf-8"))
+        target, copy = shlex.quote(file), f"{self.d}/canaried"
         res = self._step(
-            f"test -f {target} && cat {self.d}/canary.py >> {target}", "appending the canary tests"
+            f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target}"
+            f" && rm -f {copy} {self.d}/test.diff",
+            "planting the canary tests",
         )
         if res.exit_code != 0:
-            raise GradingInfraError(f"cannot append the canary tests to {self.tg.canary_file} (task broken?)")
+            raise GradingInfraError(f"cannot plant the canary tests in {file}: {_text(res.output)[-400:]}")
 
     def _run_tests(self) -> _TestOutput:
         limits, rel = self.limits, self.rel

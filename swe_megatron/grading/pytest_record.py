@@ -6,7 +6,7 @@ at import), or prints fake "PASSED ..." lines, leaves a record that is missing o
 
 The record lives in the process the patch's code runs in, so that code can rewrite it (this module's
 globals, pytest itself, the file): the grader believes it only together with its canary tests
-(grader.Canaries, docs/security.md), whose names and outcomes the patch cannot know in advance.
+(canaries.py, docs/security.md): twins of the task's tests it cannot tell from the real ones.
 
 pytest imports PYTEST_PLUGINS modules before any conftest or test module, so this file claims its
 one-time token first: it reads the record path from the token file and deletes it, so code imported

@@ -19,7 +19,8 @@ sets no RLIMIT_NPROC (that limit counts all of the user's processes). Inside:
   console scripts have that path in their #! line); it must be a venv of a system Python (/usr/bin);
 - network: a fresh namespace with only loopback (bwrap brings `lo` up), so 127.0.0.1 servers inside
   work and nothing outside (internet, the host's 127.0.0.1) is reachable;
-- uid 1000 (`sandbox.user` in the sandbox's passwd), no capabilities, no new user namespaces.
+- uid 1000 (`sandbox.user` in the sandbox's passwd), no capabilities, no new user namespaces;
+- a seccomp filter (seccomp.py) that refuses ptrace and the other calls that reach into another process.
 
 Limits (shell.py, cgroups.py): memory and processes of the whole sandbox in a cgroup of its own where the
 host allows one; the workspace on a tmpfs of sandbox.workspace_mb (run as root); per process CPU seconds,
@@ -37,12 +38,15 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from swe_megatron.sandbox import seccomp
 from swe_megatron.sandbox.base import SandboxError
 from swe_megatron.sandbox.shell import ShellSandbox
 from swe_megatron.sandbox.users import SETUP_HINT
 
 INNER_UID = 1000
 VENV_MOUNT = "/opt/venv"
+SECCOMP_FILE = "seccomp.bpf"  # in the host-side workspace folder, outside the sandbox's view
+SECCOMP_FD = 3
 STATE_DIR = "/run/swe-sandbox"  # the shell's snapshot (shell.py), on its own small tmpfs
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Where a task venv's Python must live (pyvenv.cfg `home`); the top-level ones are links into /usr on a
@@ -164,6 +168,9 @@ class BwrapSandbox(ShellSandbox):
             self._env_dir = check_env_dir(self.spec.env_dir, self.user.uid, self.user.gid)
         etc = self.workspace.folder / "etc"
         etc.mkdir(mode=0o755)
+        # bwrap reads the filter from a descriptor; the sandbox user opens this copy for it (_launch).
+        (self.workspace.folder / SECCOMP_FILE).write_bytes(seccomp.filter_program())
+        os.chmod(self.workspace.folder / SECCOMP_FILE, 0o644)
         name, home = self.user.name, self._home()
         files = {
             "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{INNER_UID}:{INNER_UID}::{home}:/bin/bash\n"
@@ -197,7 +204,10 @@ class BwrapSandbox(ShellSandbox):
             argv.append(f"--nproc={cfg.max_processes}")
         argv += [f"--fsize={cfg.max_file_mb << 20}", f"--nofile={cfg.max_open_files}", "--core=0", "--"]
 
-        b = [self._tools["bwrap"], "--unshare-all", "--unshare-user", "--disable-userns"]
+        # sh opens the filter on SECCOMP_FD and execs bwrap, which loads it and closes the descriptor.
+        b = ["/bin/sh", "-c", f'exec "$@" {SECCOMP_FD}<"$0"', str(self.workspace.folder / SECCOMP_FILE)]
+        b += [self._tools["bwrap"], "--seccomp", str(SECCOMP_FD)]
+        b += ["--unshare-all", "--unshare-user", "--disable-userns"]
         b += ["--die-with-parent", "--new-session", "--uid", str(INNER_UID), "--gid", str(INNER_UID)]
         b += ["--hostname", "sandbox"]
         for d in SYSTEM_DIRS[1:]:

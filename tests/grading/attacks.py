@@ -205,3 +205,48 @@ RUNNER_ATTACKS = {
     ),
 }
 """name -> Python source a patch appends to a module the tests import (it runs inside pytest)."""
+
+
+# Adaptive runner tampering (issue 24 item 9): rewrites that spare whatever looks like the harness's canaries
+# as they used to be (`test_` + 16 hex digits, 32-hex constants), so the canaries alone come out right.
+_CANARY_NAME = r"test_[0-9a-f]{16}$"
+ADAPTIVE_ATTACKS = {
+    "record_writer_spares_canary_names": (  # (a): every FAILED becomes PASSED in the record and the log
+        "import sys as _s, re as _re, os as _o, atexit as _a\n"
+        f"_m = _s.modules['{_REC}']\n"
+        f"_canary = _re.compile(r'{_CANARY_NAME}')\n"
+        "_w, _flipped = _m._write, []\n"
+        "def _write(payload):\n"
+        "    for k, v in payload['tests'].items():\n"
+        "        if v in ('FAILED', 'ERROR') and not _canary.search(k):\n"
+        "            payload['tests'][k] = 'PASSED'\n"
+        "            _flipped.append(k)\n"
+        "    payload['exitstatus'] = 0\n"
+        "    _w(payload)\n"
+        "_m._write = _write\n"
+        "def _forge():\n"
+        "    _s.stdout.write(''.join('PASSED %s\\n' % k for k in _flipped))\n"
+        "    _s.stdout.flush()\n"
+        "    _o._exit(0)\n"
+        "_a.register(_forge)\n"
+    ),
+    "runtest_swallows_assertions_outside_canaries": (  # (b)
+        "import sys as _s, re as _re\n"
+        "_f = _s.modules['_pytest.python'].Function\n"
+        "_run = _f.runtest\n"
+        f"_name = _re.compile(r'{_CANARY_NAME}')\n"
+        "_hex = _re.compile(r'[0-9a-f]{32}$')\n"
+        "def _canary(item):\n"
+        "    code = getattr(item.obj, '__code__', None)\n"
+        "    consts = code.co_consts if code is not None else ()\n"
+        "    return bool(_name.search(item.name)) or any(isinstance(c, str) and _hex.match(c) for c in consts)\n"
+        "def _runtest(self):\n"
+        "    try:\n"
+        "        _run(self)\n"
+        "    except AssertionError:\n"
+        "        if _canary(self):\n"
+        "            raise\n"
+        "_f.runtest = _runtest\n"
+    ),
+}
+"""name -> Python source a patch appends to a module the tests import; each spares the old canaries."""

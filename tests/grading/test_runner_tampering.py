@@ -8,11 +8,12 @@ off the same patches resolve: that shows each attack is real and that the canari
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
 import pytest
-from attacks import RUNNER_ATTACKS
+from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -27,9 +28,21 @@ BLANKET = [n for n in RUNNER_ATTACKS if n != "ptrace_attaches_to_siblings"]
 @pytest.fixture(scope="session")
 def attack_targets(factory_task_files, tmp_path_factory):
     """Per task (first of each tasks file): (task, module path, its text at base, with gold)."""
+    return _targets(
+        [load_tasks_for_command(str(path))[0] for path, _ in factory_task_files], tmp_path_factory
+    )
+
+
+@pytest.fixture(scope="session")
+def every_target(factory_task_files, tmp_path_factory):
+    """attack_targets for every factory task the grading tests use (each file's first `count`)."""
+    tasks = [t for path, count in factory_task_files for t in load_tasks_for_command(str(path))[:count]]
+    return _targets(tasks, tmp_path_factory)
+
+
+def _targets(tasks, tmp_path_factory):
     out = []
-    for path, _ in factory_task_files:
-        task = load_tasks_for_command(str(path))[0]
+    for task in tasks:
         repo = task_grading(task).spec.repo_dir
         module = next(
             pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
@@ -49,7 +62,8 @@ def _read(root, rel):
 def _attack(name, target, with_fix):
     task, module, before, fixed = target
     start = fixed if with_fix else before
-    return diff((module, before, start + "\n\n" + RUNNER_ATTACKS[name]))
+    source = RUNNER_ATTACKS[name] if name in RUNNER_ATTACKS else ADAPTIVE_ATTACKS[name]
+    return diff((module, before, start + "\n\n" + source))
 
 
 def _grade(target, patch, factory, log_dir, **kw):
@@ -71,24 +85,39 @@ def test_runner_tampering_never_resolves_and_is_flagged(
     assert control.status == RESOLVED, ("the attack no longer works: the test shows nothing", control.reason)
 
 
-def _ptrace_attempts(target, factory, tmp_path) -> tuple[object, list[str]]:
-    patch = _attack("ptrace_attaches_to_siblings", target, False)
-    result = _grade(target, patch, factory, tmp_path, test_timeout_s=5, step_timeout_s=10)
-    log = (tmp_path / "test_output.txt").read_text()
-    line = next(ln for ln in log.splitlines() if ln.startswith("PTRACE_RESULTS"))
-    return result, line.split()[1:]
-
-
-def test_ptrace_of_siblings_is_graded_not_excluded(attack_targets, sandbox_factory, tmp_path):
-    """The patch PTRACE_ATTACHes every other process of its sandbox (the shell, the eval script, its
-    `timeout`), leaving them stopped: the eval script is held past its timeout, the patch's outcome."""
-    result, attempts = _ptrace_attempts(attack_targets[0], sandbox_factory, tmp_path)
-    assert attempts, "no other process was visible"
-    assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
-    assert "held past its test timeout" in result.reason
-
-
-@pytest.mark.xfail(strict=True, reason="issue 14: the bwrap sandbox has no seccomp filter; ptrace works")
 def test_ptrace_of_siblings_is_refused(attack_targets, sandbox_factory, tmp_path):
-    _, attempts = _ptrace_attempts(attack_targets[0], sandbox_factory, tmp_path)
-    assert attempts and not [a for a in attempts if a.endswith("ATTACHED")], attempts
+    """The patch tries to PTRACE_ATTACH every other process of its sandbox (the shell, the eval script, its
+    `timeout`): the seccomp filter refuses each (sandbox/seccomp.py), so nothing is held and the run is
+    graded as usual (unresolved: the patch fixes nothing). Without the filter the attaches succeed and
+    hold the eval script past its timeout."""
+    patch = _attack("ptrace_attaches_to_siblings", attack_targets[0], False)
+    result = _grade(attack_targets[0], patch, sandbox_factory, tmp_path, test_timeout_s=60)
+    log = (tmp_path / "test_output.txt").read_text()
+    line = next(ln for ln in log.splitlines() if ln.startswith("PTRACE_RESULTS "))
+    attempts = re.split(r" (?=\d+:)", line.removeprefix("PTRACE_RESULTS ").strip())  # "pid:strerror"
+    assert attempts, "no other process was visible"
+    assert all(a.endswith("Operation not permitted") for a in attempts), attempts
+    assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTIVE_ATTACKS))
+def test_adaptive_tampering_is_flagged_on_every_task(
+    name, every_target, sandbox_factory, tmp_path, monkeypatch
+):
+    """Rewrites that spare tests looking like the old canaries (name `test_` + 16 hex digits, 32-hex
+    constants), next to the gold fix: unresolved and `tampered` on every factory task, because a must-fail
+    twin is rewritten too. With the canaries off the attack alone resolves a task (the first one whose
+    failures it covers: (b) only swallows AssertionError), and with them on it is flagged there too."""
+    for i, target in enumerate(every_target):
+        r = _grade(target, _attack(name, target, True), sandbox_factory, tmp_path / f"fix{i}")
+        assert r.status == UNRESOLVED and r.tampered, (target[0].instance_id, r.status, r.reason)
+    monkeypatch.setattr(grader, "CANARIES", False)
+    for i, target in enumerate(every_target):
+        control = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"control{i}")
+        if control.status == RESOLVED:
+            break
+    else:
+        pytest.fail("the attack resolves no task even without canaries: the test shows nothing")
+    monkeypatch.setattr(grader, "CANARIES", True)
+    alone = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / "alone")
+    assert alone.status == UNRESOLVED and alone.tampered, (alone.status, alone.reason)

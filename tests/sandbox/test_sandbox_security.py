@@ -84,6 +84,37 @@ def test_no_network_but_loopback_inside(sandbox):
     assert sandbox.exec("getent hosts pypi.org").exit_code != 0
 
 
+def test_calls_that_reach_into_other_processes_are_refused(sandbox):
+    """The seccomp filter (sandbox/seccomp.py): ptrace and process_vm_readv of the shell fail with EPERM
+    (the shell is the same uid: without the filter both succeed), while what test suites do still works."""
+    probe = (
+        "import ctypes, os, signal, socket, subprocess, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "shell = os.getppid()\n"
+        "def err(rc):\n"
+        "    return 'ok' if rc >= 0 else os.strerror(ctypes.get_errno())\n"
+        "rc = libc.ptrace(16, shell, None, None)\n"  # PTRACE_ATTACH
+        "print('attach', err(rc))\n"
+        "if rc == 0:\n"
+        "    libc.ptrace(17, shell, None, None)\n"
+        "buf = ctypes.create_string_buffer(8)\n"
+        "local = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)\n"
+        "remote = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)\n"
+        "print('vm_readv', err(libc.process_vm_readv(shell, local, 1, remote, 1, 0)))\n"
+        "print('traceme', err(libc.ptrace(0, 0, None, None)))\n"
+        "child = subprocess.Popen(['sleep', '30']); child.send_signal(signal.SIGTERM); child.wait()\n"
+        "t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()\n"
+        "a, b = socket.socketpair(); a.sendall(b'x'); print('socketpair', b.recv(1).decode())\n"
+    )
+    sandbox.write_file("probe.py", probe.encode())
+    res = sandbox.exec("grep -E '^Seccomp:' /proc/self/status; python probe.py")
+    out = res.output.decode()
+    assert "Seccomp:\t2" in out, out  # a filter is loaded
+    for call in ("attach", "vm_readv", "traceme"):
+        assert f"{call} Operation not permitted" in out, out
+    assert "thread ok" in out and "socketpair x" in out and res.exit_code == 0, out
+
+
 def test_cannot_write_outside_the_repository(sandbox):
     targets = (
         "/usr/evil",

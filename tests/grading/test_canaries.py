@@ -1,0 +1,110 @@
+"""Canary twins (grading/canaries.py): where they go, what they look like, and that a real pytest run reports
+exactly what check() expects (the sandboxed grading path is in test_runner_tampering.py)."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+
+from swe_megatron.grading.canaries import MUST_FAIL, MUST_PASS, check, plant
+from swe_megatron.grading.swebench_light import import_swebench_grading
+
+SOURCE = """\
+import os
+from unittest import mock
+
+import pytest
+
+from collections import OrderedDict
+
+
+def merge(*dicts):
+    out = {}
+    for d in dicts:
+        out.update(d)
+    return out
+
+
+def test_merge():
+    assert merge({"a": 1}, {"b": 2}) == {"a": 1, "b": 2}
+
+
+def test_merge_with_empty():
+    assert merge({}, {"c": 3}) == {"c": 3}
+
+
+class TestOrdered:
+    def test_keeps_order(self):
+        d = OrderedDict([("x", 10), ("y", 20)])
+        assert list(d) == ["x", "y"]
+
+    def test_len(self, tmp_path):
+        assert len({"k": 5}) == 1
+
+    @mock.patch("os.getcwd")
+    def test_cwd(self, getcwd):
+        getcwd.return_value = "x"
+        assert os.getcwd() == "x"
+"""
+FILE = "pkg/tests/test_merge.py"
+IDS = [f"{FILE}::test_merge", f"{FILE}::TestOrdered::test_len", f"{FILE}::TestOrdered::test_cwd"]
+
+
+def test_twins_sit_beside_their_anchors_and_look_like_the_file():
+    c = plant(FILE, SOURCE, IDS, random.Random(3))
+    assert sorted(c.expected.values()) == ["FAILED"] * MUST_FAIL + ["PASSED"] * MUST_PASS
+    lines = c.text.splitlines()
+    for node in c.expected:
+        parts = node.split("::")
+        name = parts[-1]
+        assert not re.search(r"test_[0-9a-f]{16}$", name) and name.count("_") >= 2, name
+        anchor = next(t.split("::")[-1] for t in IDS if name.startswith(t.split("::")[-1] + "_"))
+        anchor_id = next(t for t in IDS if t.endswith("::" + anchor))
+        assert parts[:-1] == anchor_id.split("::")[:-1], (node, anchor_id)  # same file, same class
+        at = next(i for i, ln in enumerate(lines) if re.match(rf"\s*def {name}\(", ln))
+        before = [ln for ln in lines[:at] if ln.strip()]
+        # right after the anchor's body or after another twin of it, with the anchor's parameters
+        previous_def = next(ln for ln in reversed(before) if ln.lstrip().startswith("def "))
+        assert re.match(rf"\s*def {anchor}(_\w+)?\(", previous_def), (name, previous_def)
+        own_args = re.search(r"\((.*)\)", previous_def).group(1)
+        want = "self" if anchor == "test_cwd" else own_args  # mock.patch supplies getcwd, not a fixture
+        assert lines[at].endswith(f"({want}):"), (lines[at], want)
+    assert not re.search(r"[0-9a-f]{32}", c.text)
+    source_constants = set(re.findall(r'"[a-z]+"|\b\d+\b', SOURCE))
+    for ln in c.text.splitlines():
+        if ln not in SOURCE.splitlines() and "assert" in ln:
+            assert set(re.findall(r'"[a-z]+"|\b\d+\b', ln)) <= source_constants, ln
+
+
+def test_a_real_pytest_run_reports_what_check_expects(tmp_path):
+    c = plant(FILE, SOURCE, IDS)
+    path = tmp_path / FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(c.text)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), FILE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    _, parsers, _ = import_swebench_grading()
+    status = parsers.parse_log_pytest(run.stdout, None)
+    assert all(status[t] == "PASSED" for t in IDS), status  # the task's own tests are untouched
+    assert check(c, status, {"tests": status}) == ([], False), run.stdout[-2000:]
+    flipped = {k: "PASSED" for k in status}  # a rewrite that cannot tell the twins apart
+    wrong, forged = check(c, flipped, {"tests": flipped})
+    assert forged and len(wrong) == 2 * MUST_FAIL, wrong
+    spared = {k: ("FAILED" if c.expected.get(k) == "FAILED" else v) for k, v in flipped.items()}
+    assert check(c, spared, {"tests": spared}) == ([], False)  # what only knowing the twins buys
+
+
+def test_odd_records_and_files_do_not_raise():
+    c = plant(FILE, SOURCE, IDS)
+    wrong, forged = check(c, {}, {"tests": ["not", "a", "dict"]})
+    assert len(wrong) == 2 * (MUST_FAIL + MUST_PASS) and not forged
+    broken = plant("t.py", "def test_a(:\n    pass\n", ["t.py::test_a"], random.Random(0))
+    assert len(broken.expected) == MUST_FAIL + MUST_PASS
+    assert all(k.count("::") == 1 for k in broken.expected)  # module level, after the file's text
+    assert broken.text.startswith("def test_a(:\n    pass\n\n\ndef ")
