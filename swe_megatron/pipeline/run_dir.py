@@ -5,7 +5,8 @@
     RUN/pool.json                the task pool as the running iteration leaves it (live, may be ahead)
     RUN/units/UNIT/              everything one unit (an iteration, a warm start, an eval) writes:
         trajectories.jsonl, metrics.json, pool.json (the pool after the unit), ...
-    RUN/checkpoints/UNIT/        trainer checkpoint (dist/) and HF export (hf/) after the unit
+    RUN/checkpoints/UNIT/        trainer checkpoint (dist/) and HF export (hf/) after the unit (the last
+                                 checkpoint.keep_last units' are kept)
     RUN/tensorboard/             event files
     RUN/eval/                    the eval table and SWE-bench predictions
 
@@ -77,8 +78,9 @@ def state_problem(state: Any) -> str | None:
 class RunDir:
     """Paths and committed state of one run directory (UsageError, writing nothing, when it is damaged)."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, keep_last: int = 1):
         self.root = Path(root)
+        self.keep_last = keep_last
         self.state_path = self.root / "state.json"
         self.config_path = self.root / "config.yaml"
         self.pool_path = self.root / "pool.json"
@@ -181,7 +183,8 @@ class RunDir:
             self.pool_path.unlink(missing_ok=True)
 
     def commit(self, unit: str, checkpoint: dict | None = None, train_step: bool = True, **extra) -> None:
-        """Record `unit` as done: snapshot the pool, then ONE atomic state write; old checkpoints are pruned."""
+        """Record `unit` as done: snapshot the pool, then ONE atomic state write; then the checkpoints before the
+        last `keep_last` are deleted (state["checkpoints"] lists the kept ones, oldest first)."""
         d = self.unit_dir(unit)
         if self.pool_path.exists():
             shutil.copyfile(self.pool_path, d / "pool.json")
@@ -189,15 +192,19 @@ class RunDir:
         previous = self.state.get("checkpoint")
         state = dict(self.state)
         state["done"] = [*state["done"], unit]
+        dropped: list[str] = []
         if checkpoint is not None:
             state["checkpoint"] = checkpoint
+            kept = list(state.get("checkpoints") or ([previous["path"]] if previous else []))
+            kept = [p for p in kept if p != checkpoint["path"]] + [checkpoint["path"]]
+            dropped, state["checkpoints"] = kept[: -self.keep_last], kept[-self.keep_last :]
         if train_step:
             state["step"] = int(state["step"]) + 1
         state.update(extra)
         write_atomic(self.state_path, json.dumps(state, indent=1))
         self.state = state
-        if checkpoint is not None and previous and previous["path"] != checkpoint["path"]:
-            shutil.rmtree(self.root / previous["path"], ignore_errors=True)
+        for path in dropped:  # after the commit: a crash in between leaves an extra checkpoint, never too few
+            shutil.rmtree(self.root / path, ignore_errors=True)
 
 
 def open_monitor(run: RunDir, cfg):

@@ -38,7 +38,7 @@ from swe_megatron.engine.gate import VersionGate
 from swe_megatron.engine.scripted import ScriptedPolicy
 from swe_megatron.monitor import Monitor
 from swe_megatron.pipeline.ahead import Ahead
-from swe_megatron.pipeline.eval import evaluate
+from swe_megatron.pipeline.eval import evaluate, model_name
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
 from swe_megatron.pipeline.spmd import World
@@ -469,7 +469,8 @@ def final_eval(ctx: Context, test_tasks: list) -> None:
 def _evaluate(ctx: Context, test_tasks: list) -> None:
     ev = ctx.cfg.eval
     tasks = test_tasks[: ev.max_tasks] if ev.max_tasks else test_tasks
-    name = f"{ctx.cfg.model.name} ({ctx.cfg.name}, after {ctx.run.state['done'][-1]})"
+    # A plain identifier (SWE-bench log folders): e.g. tiny-qwen2__embedded__stage2-1
+    name = model_name(ctx.cfg.model.name, ctx.cfg.name, ctx.run.state["done"][-1])
     report, text = evaluate(ctx.rollouts, tasks, ev.runs, ctx.run.eval_dir, name)
     ctx.monitor.scalars("eval", {k: v for k, v in report.items() if k.startswith("pass@") and k != "pass@1_per_run"},
                         ctx.run.step)  # fmt: skip
