@@ -78,7 +78,9 @@ def test_export_shards_by_size(megatron_world, tmp_path):
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert gen["eos_token_id"] == 151645 and gen["temperature"] == 1.0 and gen["top_k"] == 0
     tok_cfg = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
-    assert tok_cfg["tokenizer_class"] == PORTABLE_TOKENIZER_CLASS and "<|im_start|>" in tok_cfg["chat_template"]
+    assert (
+        tok_cfg["tokenizer_class"] == PORTABLE_TOKENIZER_CLASS and "<|im_start|>" in tok_cfg["chat_template"]
+    )
     exported = {k: v for f in files for k, v in load_file(str(f)).items()}
     assert exported.keys() == hf.state_dict().keys()
     assert all(torch.equal(exported[k], v) for k, v in hf.state_dict().items())
