@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,7 +36,7 @@ from swe_megatron.algo import (
 from swe_megatron.algo.staleness import split_stale, staleness, staleness_metrics
 from swe_megatron.config.schema import LrSchedule, RunConfig
 from swe_megatron.engine.gate import VersionGate
-from swe_megatron.engine.scripted import ScriptedPolicy
+from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
 from swe_megatron.monitor import Monitor
 from swe_megatron.pipeline.ahead import Ahead
 from swe_megatron.pipeline.eval import evaluate, model_name
@@ -293,7 +294,10 @@ def _scripted_rollouts(ctx: Context, stage, unit: str) -> Batch:
     d = ctx.run.unit_dir(unit, fresh=True)
     tasks = [ctx.train_tasks[k] for k in sorted(ctx.train_tasks)]
     decoys = stage.warm_start_decoys
-    policy = ScriptedPolicy(ctx.rollouts.chat, scripts(tasks, decoys))
+    chat, max_tokens = ctx.rollouts.chat, ctx.cfg.sampling.max_tokens_per_turn
+    policy = ScriptedPolicy(chat, scripts(tasks, decoys, turn_fits(chat, max_tokens)))
+    for key, why in sorted(policy.problems(max_tokens, stage.t_max).items()):
+        print(f"{unit}: the scripted solution of {key} cannot play out: {why}", file=sys.stderr)
     trajs, seconds = _rollouts(ctx, stage, tasks, 1 + decoys, d, engine=policy)
     kept, masks, info = sft_data(trajs, stage.max_kept_per_task)
     return _sft_batch(stage, kept, masks, trajs, seconds, info | {"scripted_tasks": float(len(tasks))})
