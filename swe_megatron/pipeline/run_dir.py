@@ -7,7 +7,7 @@
         trajectories.jsonl, metrics.json, pool.json (the pool after the unit), ...
     RUN/checkpoints/UNIT/        trainer checkpoint (dist/) and HF export (hf/) after the unit (the last
                                  checkpoint.keep_last units' are kept)
-    RUN/tensorboard/             event files
+    RUN/tensorboard/NAME/        event files (NAME: the config's name, the run TensorBoard lists)
     RUN/eval/                    the eval table and SWE-bench predictions
 
 A unit is committed by one atomic rewrite of state.json after its checkpoint, trajectories and pool
@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from swe_megatron.algo import TaskPool
 from swe_megatron.atomic_write import write_atomic, write_json_atomic
 from swe_megatron.errors import UsageError
-from swe_megatron.monitor import Monitor, NullMonitor
+from swe_megatron.monitor import Monitor, NullMonitor, key_layout
 
 STATE_FORMAT = 1
 RESUME_KEYS = ("model", "seed", "schedule", "tasks.train_file")
@@ -208,14 +208,20 @@ class RunDir:
 
 
 def open_monitor(run: RunDir, cfg):
-    """The run's TensorBoard monitor; events at or after the first uncommitted step are purged on resume."""
+    """The run's TensorBoard monitor, writing into RUN/tensorboard/<cfg.name> (the run TensorBoard lists) with the
+    key curves pinned (monitor.key_layout); events at or after the first uncommitted step are purged on resume."""
     if not cfg.monitor.tensorboard:
         return NullMonitor(progress=cfg.monitor.progress)
-    monitor = Monitor(run.tensorboard, progress=cfg.monitor.progress)
+    log_dir = run.tensorboard / cfg.name
+    monitor = Monitor(log_dir, progress=cfg.monitor.progress)
     if run.step:
         # TensorBoard drops events with step >= purge_step written by earlier (killed) writers.
         from torch.utils.tensorboard import SummaryWriter
 
         monitor._writer.close()
-        monitor._writer = SummaryWriter(str(run.tensorboard), purge_step=run.step)
+        monitor._writer = SummaryWriter(str(log_dir), purge_step=run.step)
+    stages = ["warm_start"] * (cfg.rft.warm_start == "scripted" and "rft" in cfg.schedule) + [
+        s for s in cfg.schedule if s != "eval"
+    ]
+    monitor.layout(key_layout(stages, cfg.algo.max_staleness >= 1))
     return monitor

@@ -194,7 +194,9 @@ def test_gold_script_splits_edits_to_fit_the_turn_cap_and_still_reproduces_the_g
     policy = ScriptedPolicy(chat, {task.instance_id: script})
     assert len(script) > 6 and policy.problems(cap, t_max=len(script)) == {}
     unsplit = gold_patch_script(task.patch)
-    assert ScriptedPolicy(chat, {"t": unsplit}).problems(cap, len(unsplit))["t"].startswith("turn 3 of 6 needs")
+    assert (
+        ScriptedPolicy(chat, {"t": unsplit}).problems(cap, len(unsplit))["t"].startswith("turn 3 of 6 needs")
+    )
     traj = episode(task, policy, chat, max_tokens_per_turn=cap, t_max=len(script))
     assert traj.exit_reason == ExitReason.submitted and traj.malformed_turns == []
     strip = lambda p: [ln for ln in p.splitlines() if not ln.startswith("index ")]  # noqa: E731
