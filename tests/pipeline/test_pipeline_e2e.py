@@ -161,9 +161,9 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     # TensorBoard names the run after the config; async/* only when async is on; README lists what is written.
     assert [p.name for p in (run_dir / "tensorboard").iterdir()] == ["embedded"]
     assert not [t for t in scalars if t.startswith("async/")]
-    assert {s for s, _ in scalars["train/sft_loss"]} == {0, 1} and {
-        s for s, _ in scalars["train/dapo_loss"]
-    } == {2, 3, 4}
+    # rft:0 (step 1) trains only when a sampled episode was resolved
+    assert {0} <= {s for s, _ in scalars["train/sft_loss"]} <= {0, 1}
+    assert {s for s, _ in scalars["train/dapo_loss"]} == {2, 3, 4}
     assert {s for s, _ in scalars["key/stage1/resolved_rate"]} == {2, 3}
     unlisted, unwritten = compare(set(scalars))
     assert unlisted == [], f"tags written that README.md does not list: {unlisted}"
