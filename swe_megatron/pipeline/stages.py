@@ -217,10 +217,10 @@ def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Pat
     a text marker where a stage begins), sample trajectories as text, and to the unit's metrics.json."""
     step, (stage, it) = ctx.run.step, unit.split(":")
     stage = "warm_start" if it == "warm_start" else stage
-    for group, values in metrics.items():
-        if group != "async" or ctx.cfg.algo.max_staleness >= 1:
-            ctx.monitor.scalars(group, values, step)
-    ctx.monitor.scalars(f"key/{stage}", key_curves(metrics), step)
+    shown = {g: v for g, v in metrics.items() if g != "async" or ctx.cfg.algo.max_staleness >= 1}
+    for group, values in shown.items():
+        ctx.monitor.scalars(group, values, step)
+    ctx.monitor.scalars(f"key/{stage}", key_curves(shown), step)
     if it in ("0", "warm_start"):
         ctx.monitor.text("stages", f"**{stage}** begins at iteration {step} (unit {unit})", step)
     ctx.monitor.histogram("episode/steps_hist", [t.num_steps for t in trajs], step)
