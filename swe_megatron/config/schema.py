@@ -466,6 +466,15 @@ class MonitorConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Which trainer checkpoints (RUN/checkpoints/UNIT: dist/ and hf/) a run keeps."""
+
+    keep_last: int = 1
+    """Checkpoints kept: the last N committed units' (older ones are deleted after each commit); >= 1, the last
+    one is what a resume starts from."""
+
+
+@dataclass
 class AgentConfig:
     """The agent scaffold (SWE-agent style ReAct, as in the paper) and how the rollout manager runs episodes.
 
@@ -582,6 +591,8 @@ class RunConfig:
     """Cluster and node split."""
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     """Monitoring."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints kept on disk."""
 
 
 STAGE_NAMES = ("rft", "stage1", "stage2")

@@ -316,6 +316,11 @@ def validate(cfg: Any) -> list[str]:
     out += _unused_stage_keys(cfg)
     out += _sampling_algo_problems(cfg) + _parallel_problems(cfg.parallel, cfg.model)
     out += _sandbox_engine_problems(cfg) + _cluster_problems(cfg) + _agent_problems(cfg)
+    if cfg.checkpoint.keep_last < 1:
+        out.append(
+            f"checkpoint.keep_last={cfg.checkpoint.keep_last} is invalid; allowed: an integer >= 1 (the last "
+            "checkpoint is what a resume starts from)"
+        )
     if cfg.eval.runs < 1 or any(k < 1 or k > cfg.eval.runs for k in cfg.eval.k):
         out.append(f"eval.k={list(cfg.eval.k)} is invalid; allowed: 1 <= k <= eval.runs ({cfg.eval.runs})")
     return out

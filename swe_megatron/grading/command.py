@@ -1,7 +1,10 @@
 """`swe-megatron grade --tasks FILE --predictions FILE [--sandbox bwrap] [--workers N] [--out REPORT.json]`.
 
 Grades SWE-bench predictions against local tasks in sandboxes and writes the report JSON atomically
-(swe_megatron/grading/report.py describes it). Per-instance logs go to --log-dir/<instance_id>/.
+(swe_megatron/grading/report.py describes it). Per-instance logs go where SWE-bench's harness puts them:
+LOGS/run_evaluation/<run_id>/<model>/<instance_id>/ (test_output.txt, patch.diff, eval.sh, report.json),
+LOGS being --log-dir (default: `logs` next to the report), run_id --run-id (default: the predictions
+file's name without .jsonl), <model> the prediction's model_name_or_path with "/" as "__".
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ from pathlib import Path
 from swe_megatron.config.load import load_config
 from swe_megatron.errors import UsageError
 from swe_megatron.grading.grader import TaskGradingError, grade_many, task_grading
-from swe_megatron.grading.report import PredictionsError, build_report, load_predictions, write_report
+from swe_megatron.grading.report import (
+    PredictionsError,
+    build_report,
+    load_predictions,
+    log_folder_name,
+    write_report,
+)
+from swe_megatron.grading.swebench_light import import_swebench_grading
 from swe_megatron.sandbox import make_sandbox
 from swe_megatron.tasks.load import load_tasks_for_command
 
@@ -47,8 +57,19 @@ def _grade(args: argparse.Namespace) -> int:
             raise UsageError(f"tasks file {args.tasks}: {e}") from None
 
     out = Path(args.out) if args.out else Path(args.predictions).with_suffix(".report.json")
-    log_root = Path(args.log_dir) if args.log_dir else out.with_name(out.name.removesuffix(".json") + ".logs")
-    jobs = [(by_id[iid], p["model_patch"], log_root / _safe(iid)) for iid, p in predictions.items()]
+    run_id = args.run_id or Path(args.predictions).name.removesuffix(".jsonl").removesuffix(".json")
+    if run_id in (".", "..") or "/" in run_id or "\0" in run_id:
+        raise UsageError(f"--run-id {run_id!r} is invalid; allowed: a folder name (no '/')")
+    swebench = import_swebench_grading()[2]  # constants: logs/run_evaluation
+    runs = (
+        (Path(args.log_dir) if args.log_dir else out.parent / "logs")
+        / swebench.RUN_EVALUATION_LOG_DIR.name
+        / run_id
+    )
+    jobs = [
+        (by_id[iid], p["model_patch"], runs / log_folder_name(p["model_name_or_path"]) / _safe(iid))
+        for iid, p in predictions.items()
+    ]
     done = [0]
 
     def progress(r) -> None:
@@ -111,7 +132,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out", metavar="REPORT.json", help="report path (default: PREDICTIONS with .report.json)"
     )
     p.add_argument(
-        "--log-dir", metavar="DIR", help="per-instance logs (default: next to the report, REPORT.logs/)"
+        "--log-dir",
+        metavar="DIR",
+        help="SWE-bench's logs folder: DIR/run_evaluation/RUN_ID/MODEL/INSTANCE/ (default: logs/ next to the report)",
+    )
+    p.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="SWE-bench run id of the log folders (default: the predictions file's stem)",
     )
     p.add_argument(
         "--timeout",

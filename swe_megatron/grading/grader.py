@@ -268,7 +268,7 @@ def grade_one(
     if size > max_patch_bytes:  # before the sanitiser: parsing a huge patch would cost the host
         return done(UNRESOLVED, f"the patch has {size} bytes, over the {max_patch_bytes} graded at most")
     clean = sanitize_patch(patch, tg.protected)
-    _write_text(logs / "model.patch", patch or "")
+    _write_text(logs / "patch.diff", patch or "")  # SWE-bench's name for the model's patch
     _write_text(logs / "sanitized.patch", clean.patch)
     common = {"dropped": clean.dropped, "suspicious": clean.suspicious}
     if clean.is_empty and skip_empty:
@@ -289,7 +289,23 @@ class _Done:
         """The result with this status and reason (kw: further GradeResult fields), written to the logs."""
         result = GradeResult(self.instance_id, status, reason, duration_s=time.monotonic() - self.t0, **kw)
         _write_text(self.logs / "result.json", json.dumps(result.to_dict(), indent=2, default=str))
+        if status in (RESOLVED, UNRESOLVED):  # SWE-bench's instance report: what its make_run_report reads
+            _write_text(self.logs / "report.json", json.dumps(swebench_instance_report(result), indent=4))
         return result
+
+
+def swebench_instance_report(result: GradeResult) -> dict[str, Any]:
+    """The per-instance report.json of SWE-bench's harness (grading.get_eval_report's form) for a graded patch."""
+    ran = result.tests_status is not None
+    return {
+        result.instance_id: {
+            "patch_is_None": False,
+            "patch_exists": True,
+            "patch_successfully_applied": ran,
+            "resolved": result.resolved,
+            **({"tests_status": result.tests_status} if ran else {}),
+        }
+    }
 
 
 def _grade_in_sandbox(

@@ -1,13 +1,16 @@
 """Predictions in, grade report out (SWE-bench's formats, plus what the sanitiser dropped per instance).
 
 Predictions: JSONL, one {"instance_id", "model_name_or_path", "model_patch"} per line (model_patch may be
-null or ""). A JSON list of such objects is accepted too. The report keeps SWE-bench's run-report keys
-(resolved_ids, unresolved_ids, error_ids, empty_patch_ids, counts) and adds `instances`: per instance
-the status, reason, FAIL_TO_PASS/PASS_TO_PASS success/failure lists, dropped files and log path, and
+null or ""). A JSON list of such objects is accepted too. The report has every key of SWE-bench 5's run
+report (schema_version 2: the *_instances counts, the *_ids lists, failure_reasons) with the same meaning,
+and adds `instances`: per instance its model_name_or_path (a string), the status, reason,
+FAIL_TO_PASS/PASS_TO_PASS success/failure lists, dropped files and log path; `model_name_or_path` (the one
+model's name, "" when the predictions name several) and `model_names` (all of them, a list); and
 `suspicious_ids` / `tampered_ids` (grader.GradeResult.suspicious / .tampered).
 
 Where this differs from SWE-bench: a patch that does not apply is unresolved (it is the model's
-failure; SWE-bench files it under errors), and error_ids holds infrastructure failures only.
+failure; SWE-bench files it under errors), and error_ids holds infrastructure failures only (so they are
+infra_failure_ids too, and ambiguous_failure_ids is empty).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any
 from swe_megatron.atomic_write import write_atomic
 from swe_megatron.grading.grader import EMPTY_PATCH, ERROR, RESOLVED, UNRESOLVED, GradeResult
 
-SCHEMA = "swe_megatron.grade_report/1"
+SCHEMA = "swe_megatron.grade_report/2"
+SWEBENCH_SCHEMA_VERSION = 2
+"""The schema_version of SWE-bench 5's run report (swebench/harness/reporting.py), whose keys this report has."""
 
 
 class PredictionsError(ValueError):
@@ -74,6 +79,10 @@ def load_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
             raise PredictionsError(f"{at}: model_patch must be a string or null")
         if row.get("model_name_or_path") is not None and not isinstance(row["model_name_or_path"], str):
             raise PredictionsError(f"{at}: model_name_or_path must be a string or null")
+        if row.get("model_name_or_path") and log_folder_name(row["model_name_or_path"]) in (".", ".."):
+            raise PredictionsError(
+                f"{at}: model_name_or_path {row['model_name_or_path']!r} cannot name a log folder"
+            )
         if iid in out:
             raise PredictionsError(f"{at}: instance_id {iid!r} appears twice")
         out[iid] = {
@@ -82,6 +91,11 @@ def load_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
             "model_patch": row["model_patch"] or "",
         }
     return out
+
+
+def log_folder_name(model_name_or_path: str) -> str:
+    """The model's folder in SWE-bench's log layout (run_evaluation.py: "/" -> "__", "None" when unnamed)."""
+    return (model_name_or_path or "None").replace("/", "__").replace("\0", "")
 
 
 def build_report(
@@ -98,7 +112,8 @@ def build_report(
     models = sorted({str(p.get("model_name_or_path", "")) for p in predictions.values()} - {""})
     instances = {}
     for r in results:
-        d = r.to_dict()
+        d = {"model_name_or_path": str(predictions.get(r.instance_id, {}).get("model_name_or_path") or ""),
+             **r.to_dict()}  # fmt: skip
         d.pop("instance_id")
         d["dropped"] = [{"path": x.path, "reason": x.reason} for x in r.dropped]
         ts = d.pop("tests_status") or {}
@@ -107,21 +122,28 @@ def build_report(
         instances[r.instance_id] = d
     return {
         "schema": SCHEMA,
-        "model_name_or_path": models[0] if len(models) == 1 else models,
+        "model_name_or_path": models[0] if len(models) == 1 else "",
+        "model_names": models,
         "total_instances": len(task_ids),
         "submitted_instances": len(predictions),
         "completed_instances": len(completed),
         "resolved_instances": len(by_status[RESOLVED]),
         "unresolved_instances": len(by_status[UNRESOLVED]),
+        "infra_failure_instances": len(by_status[ERROR]),
+        "ambiguous_failure_instances": 0,
         "empty_patch_instances": len(by_status[EMPTY_PATCH]),
         "error_instances": len(by_status[ERROR]),
         "completed_ids": completed,
         "incomplete_ids": sorted(set(task_ids) - graded),
+        "empty_patch_ids": by_status[EMPTY_PATCH],
         "submitted_ids": sorted(predictions),
         "resolved_ids": by_status[RESOLVED],
         "unresolved_ids": by_status[UNRESOLVED],
-        "empty_patch_ids": by_status[EMPTY_PATCH],
+        "infra_failure_ids": by_status[ERROR],
+        "ambiguous_failure_ids": [],
+        "failure_reasons": {r.instance_id: r.reason for r in results if r.status == ERROR},
         "error_ids": by_status[ERROR],
+        "schema_version": SWEBENCH_SCHEMA_VERSION,
         "dropped_files": sum(len(r.dropped) for r in results),
         "suspicious_ids": [r.instance_id for r in results if r.suspicious],
         "tampered_ids": [r.instance_id for r in results if r.tampered],

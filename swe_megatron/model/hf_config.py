@@ -6,6 +6,7 @@ The trainer (train/) and the engines (engine/) both read these; neither imports 
 
 from __future__ import annotations
 
+import transformers
 from transformers import AutoConfig
 
 from swe_megatron.config.schema import ModelConfig, RopeScalingConfig, max_positions
@@ -35,6 +36,9 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "torch_dtype": _HF_DTYPE[cfg.params_dtype],
         "use_cache": True,
+        # As the hub's config.json has it; without it transformers 5 takes the tokenizer next to it for an old
+        # Mistral one and warns that its regex is wrong (in every engine log).
+        "transformers_version": transformers.__version__,
     }
     if not qwen:
         out["attention_bias"] = cfg.qkv_bias

@@ -16,7 +16,7 @@ from swe_megatron.model.tokenizer import save_tokenizer
 def tiny_qwen2(cfg: ModelConfig, seed: int = 0):
     """A randomly initialised Qwen2ForCausalLM of cfg's shape (real vocabulary size)."""
     torch.manual_seed(seed)
-    fields = {k: v for k, v in hf_config_dict(cfg).items() if k != "model_type"}
+    fields = {k: v for k, v in hf_config_dict(cfg).items() if k not in ("model_type", "transformers_version")}
     hf_cfg = Qwen2Config(**fields, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
     return Qwen2ForCausalLM(hf_cfg).float().eval()
 

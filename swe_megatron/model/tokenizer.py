@@ -12,6 +12,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from swe_megatron.atomic_write import write_atomic
 from swe_megatron.model.hub import resolve_model_path
 
 QWEN25_LAST_ADDED_ID = 151664
@@ -135,9 +136,36 @@ def load_tokenizer(name: str):
         ) from e
 
 
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+"""What a saved tokenizer_config.json names instead of transformers 5's `TokenizersBackend` (unknown to 4.x):
+the tokenizer.json-backed class that transformers 4.x and 5.x (and so vLLM) both load."""
+
+
 def save_tokenizer(name: str, out_dir: str | Path) -> Path:
-    """Write the tokenizer (with its chat template) into out_dir, e.g. next to a saved tiny model for vLLM."""
+    """Write the tokenizer (with its chat template) and a generation_config.json into out_dir, e.g. next to a
+    saved tiny model for vLLM, or as the files every HF export carries.
+
+    The tokenizer_config.json names a class transformers 4.x and 5.x both load (`PORTABLE_TOKENIZER_CLASS` for
+    transformers 5's generic backend; a model's own class name is kept, 4.x then picks its fast variant) and
+    holds the chat template too (older 4.x releases read it only there). generation_config.json gives the
+    tokenizer's special ids and untruncated sampling (temperature 1, no top-k/top-p), as the trainer samples.
+    """
+    from transformers import GenerationConfig
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    load_tokenizer(name).save_pretrained(str(out))
+    tok = load_tokenizer(name)
+    tok.save_pretrained(str(out))
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    if cfg.get("tokenizer_class") in (None, "TokenizersBackend"):
+        cfg["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    if tok.chat_template and "chat_template" not in cfg:
+        cfg["chat_template"] = tok.chat_template
+    write_atomic(cfg_path, json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    gen = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+    )  # fmt: skip
+    gen.save_pretrained(str(out))
     return out

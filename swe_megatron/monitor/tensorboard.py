@@ -1,7 +1,10 @@
 """Run monitoring: TensorBoard scalars, histograms and trajectory text, and terminal progress bars.
 
-`Monitor` writes event files under `<run_dir>/tensorboard`; `NullMonitor` has the same methods and
-does nothing (non-zero ranks, tests), so the driver loop never branches on whether it logs.
+`Monitor` writes event files under `<run_dir>/tensorboard/<config name>` (TensorBoard names the run after the
+config); `NullMonitor` has the same methods and does nothing (non-zero ranks, tests), so the driver loop never
+branches on whether it logs. `key_curves` are the few curves a run is judged by, logged per stage as
+`key/<stage>/<curve>` and pinned by `key_layout` in TensorBoard's Custom Scalars tab (one line per stage, so
+where a stage begins shows).
 """
 
 from __future__ import annotations
@@ -14,6 +17,43 @@ from typing import Any, TypeVar
 from torch.utils.tensorboard import SummaryWriter
 
 T = TypeVar("T")
+
+KEY_CURVES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "resolved_rate": ("resolved rate", ("reward/resolved_rate", "warm_start/resolved_rate")),
+    "loss": (
+        "loss (SFT in warm start and rft, DAPO in stage1/stage2)",
+        ("train/sft_loss", "train/dapo_loss"),
+    ),
+    "steps_mean": ("turns per episode", ("episode/steps_mean",)),
+    "tokens_mean": ("tokens per trajectory", ("tokens/trajectory_mean",)),
+    "logprob_mismatch": ("engine vs trainer |logprob| mismatch", ("train/logprob_mismatch_abs_mean",)),
+    "staleness_mean": ("staleness (updates behind the trainer)", ("async/staleness_mean",)),
+}
+"""Curve -> (chart title, the group/name tags it is read from, first present wins)."""
+
+
+def key_curves(metrics: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The KEY_CURVES values present in one unit's metrics ({group: {name: value}})."""
+    out = {}
+    for curve, (_, sources) in KEY_CURVES.items():
+        for tag in sources:
+            group, name = tag.split("/", 1)
+            if _finite(metrics.get(group, {}).get(name)) is not None:
+                out[curve] = metrics[group][name]
+                break
+    return out
+
+
+def key_layout(stages: list[str], async_on: bool) -> dict:
+    """The Custom Scalars layout (SummaryWriter.add_custom_scalars) pinning KEY_CURVES: one chart per curve,
+    one line per stage (`key/<stage>/<curve>`, stages in schedule order), staleness only when async is on."""
+    names = "|".join(stages)
+    charts = {
+        title: ["Multiline", [f"^key/({names})/{curve}$"]]
+        for curve, (title, _) in KEY_CURVES.items()
+        if curve != "staleness_mean" or async_on
+    }
+    return {"key curves per stage": charts}
 
 
 def _finite(value: Any) -> float | None:
@@ -39,6 +79,10 @@ class Monitor:
             f = _finite(value)
             if f is not None:
                 self._writer.add_scalar(f"{group}/{name}", f, step)
+
+    def layout(self, layout: dict) -> None:
+        """Pin charts in TensorBoard's Custom Scalars tab ({category: {title: ["Multiline", [tag regexes]]}})."""
+        self._writer.add_custom_scalars(layout)
 
     def histogram(self, tag: str, values: Iterable[float], step: int) -> None:
         """Log a histogram of values (skipped when empty)."""
@@ -79,6 +123,9 @@ class NullMonitor(Monitor):
 
     def scalars(self, group: str, values: Mapping[str, Any], step: int) -> None:
         """Drop the values."""
+
+    def layout(self, layout: dict) -> None:
+        """Drop the layout."""
 
     def histogram(self, tag: str, values: Iterable[float], step: int) -> None:
         """Drop the values."""

@@ -27,7 +27,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     # lazy: torch, transformers (pipeline.eval, topology, rollout.setup)
-    from swe_megatron.pipeline.eval import evaluate
+    from swe_megatron.pipeline.eval import check_model_name, evaluate, model_name
     from swe_megatron.pipeline.topology import Topology
     from swe_megatron.rollout.setup import Rollouts
 
@@ -36,6 +36,8 @@ def _eval(args: argparse.Namespace) -> int:
     model_dir = ckpt / "hf" if (ckpt / "hf" / "config.json").exists() else ckpt
     if not (model_dir / "config.json").exists():
         raise UsageError(f"--checkpoint {ckpt}: no HF checkpoint (config.json) there or in {ckpt}/hf")
+    named = (model_dir.parent if model_dir.name == "hf" else model_dir).resolve().name
+    name = check_model_name(args.model_name) if args.model_name else model_name(cfg.model.name, named)
     tasks = load_tasks_for_command(args.tasks, args.max_tasks)
     if args.runs < 1:
         raise UsageError("--runs must be >= 1")
@@ -52,7 +54,7 @@ def _eval(args: argparse.Namespace) -> int:
             tasks,
             args.runs,
             out,
-            args.model_name or f"{cfg.model.name} ({ckpt})",
+            name,
         )
     print(f"\n{text}\n\ntable: {out / 'table.md'}\nSWE-bench predictions: {out / 'predictions.jsonl'}")
     return 0
@@ -82,6 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--max-tasks", type=int, default=0, metavar="N", help="only the first N tasks")
     e.add_argument("--out", metavar="DIR", help="output folder (default: DIR/eval)")
     e.add_argument(
-        "--model-name", help="model_name_or_path in the predictions (default: model name + checkpoint)"
+        "--model-name",
+        help="model_name_or_path in the predictions, a plain identifier (default: MODEL__CHECKPOINT)",
     )
     e.set_defaults(func=_eval)

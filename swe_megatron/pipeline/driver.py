@@ -105,7 +105,7 @@ def _start_servers(cfg, topo: Topology, model_dir: str, gate: VersionGate, versi
 
 def _run(cfg, world: spmd.World) -> int:
     weight_sync = pipeline_method(cfg.engine.weight_sync)  # every rank refuses an unsupported method alike
-    run_dir = RunDir(cfg.run_dir)
+    run_dir = RunDir(cfg.run_dir, cfg.checkpoint.keep_last)
     train, test, task_filter, run_dir.state = world.lead(
         _open, cfg, run_dir, share=lambda r: ({}, [], None, r[3])
     )

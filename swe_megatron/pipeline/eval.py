@@ -3,20 +3,43 @@
 Each task is rolled out N times at the eval limits (temperature 1). Tasks with an infrastructure failure
 in any run are left out of the table and counted (design.md invariant 4: never scored 0). Predictions are
 written in the official harness's format: one JSON object per line with instance_id, model_name_or_path
-and model_patch ("" for no patch); predictions.jsonl holds run 0, predictions-runR.jsonl every run R.
+and model_patch ("" for no patch); predictions.jsonl holds run 0, predictions-runR.jsonl every run R. The
+model name is a plain identifier (`model_name`): SWE-bench makes it a folder of its log paths.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
 from swe_megatron.algo import mean_pass_at_k, mean_sem, pass_rate_per_run
+from swe_megatron.errors import UsageError
 from swe_megatron.rollout.setup import Rollouts
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import Trajectory
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+"""A predictions' model_name_or_path: letters, digits, . _ -, optionally one "/" as in hub ids (org/model)."""
+
+
+def model_name(*parts: str) -> str:
+    """A plain model_name_or_path from parts (model name, config name, unit...): joined with "__", every run of
+    other characters (spaces, parentheses, colons, slashes) made one "-"."""
+    cleaned = (re.sub(r"[^A-Za-z0-9._-]+", "-", str(p)).strip("-.") for p in parts)
+    return "__".join(c for c in cleaned if c) or "model"
+
+
+def check_model_name(name: str) -> str:
+    """`name` if it is a plain model_name_or_path (PLAIN_NAME), else UsageError naming what is allowed."""
+    if not PLAIN_NAME.fullmatch(name):
+        raise UsageError(
+            f"model name {name!r} is invalid; allowed: letters, digits, '.', '_', '-' and one '/' "
+            "(it names SWE-bench's log folders), e.g. tiny-qwen2__embedded__stage2-1"
+        )
+    return name
 
 
 def eval_report(trajs: list[Trajectory], ks: list[int], model_name: str) -> dict:
@@ -75,6 +98,7 @@ def evaluate(
     rollouts: Rollouts, tasks: list[Task], runs: int, out_dir: Path, model_name: str
 ) -> tuple[dict, str]:
     """Roll out every task `runs` times at the eval limits; write report.json, table.md and the predictions."""
+    check_model_name(model_name)
     ev = rollouts.cfg.eval
     trajs, stats = rollouts.run(tasks, runs, rollouts.limits(ev), out_dir)
     ks = list(ev.k)

@@ -54,11 +54,13 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
     }
 
 
-def train_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
-    """Trainer metrics averaged over the iteration's optimiser steps (action tokens summed)."""
+def train_metrics(steps: list[dict[str, float]], loss: str) -> dict[str, float]:
+    """Trainer metrics averaged over the iteration's optimiser steps (action tokens summed); the loss is named
+    after its kind (`sft_loss`, `dapo_loss`: two curves, not one that changes meaning between stages)."""
     if not steps:
         return {"optimizer_steps": 0.0}
-    out = {k: sum(s[k] for s in steps if k in s) / len(steps) for k in steps[0] if k != "action_tokens"}
+    out = {(f"{loss}_loss" if k == "loss" else k): sum(s[k] for s in steps if k in s) / len(steps)
+           for k in steps[0] if k != "action_tokens"}  # fmt: skip
     out["optimizer_steps"] = float(len(steps))
     out["tokens_trained"] = float(sum(s.get("action_tokens", 0.0) for s in steps))
     return out

@@ -5,8 +5,9 @@
     RUN/pool.json                the task pool as the running iteration leaves it (live, may be ahead)
     RUN/units/UNIT/              everything one unit (an iteration, a warm start, an eval) writes:
         trajectories.jsonl, metrics.json, pool.json (the pool after the unit), ...
-    RUN/checkpoints/UNIT/        trainer checkpoint (dist/) and HF export (hf/) after the unit
-    RUN/tensorboard/             event files
+    RUN/checkpoints/UNIT/        trainer checkpoint (dist/) and HF export (hf/) after the unit (the last
+                                 checkpoint.keep_last units' are kept)
+    RUN/tensorboard/NAME/        event files (NAME: the config's name, the run TensorBoard lists)
     RUN/eval/                    the eval table and SWE-bench predictions
 
 A unit is committed by one atomic rewrite of state.json after its checkpoint, trajectories and pool
@@ -27,7 +28,7 @@ from omegaconf import OmegaConf
 from swe_megatron.algo import TaskPool
 from swe_megatron.atomic_write import write_atomic, write_json_atomic
 from swe_megatron.errors import UsageError
-from swe_megatron.monitor import Monitor, NullMonitor
+from swe_megatron.monitor import Monitor, NullMonitor, key_layout
 
 STATE_FORMAT = 1
 RESUME_KEYS = ("model", "seed", "schedule", "tasks.train_file")
@@ -77,8 +78,9 @@ def state_problem(state: Any) -> str | None:
 class RunDir:
     """Paths and committed state of one run directory (UsageError, writing nothing, when it is damaged)."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, keep_last: int = 1):
         self.root = Path(root)
+        self.keep_last = keep_last
         self.state_path = self.root / "state.json"
         self.config_path = self.root / "config.yaml"
         self.pool_path = self.root / "pool.json"
@@ -181,7 +183,8 @@ class RunDir:
             self.pool_path.unlink(missing_ok=True)
 
     def commit(self, unit: str, checkpoint: dict | None = None, train_step: bool = True, **extra) -> None:
-        """Record `unit` as done: snapshot the pool, then ONE atomic state write; old checkpoints are pruned."""
+        """Record `unit` as done: snapshot the pool, then ONE atomic state write; then the checkpoints before the
+        last `keep_last` are deleted (state["checkpoints"] lists the kept ones, oldest first)."""
         d = self.unit_dir(unit)
         if self.pool_path.exists():
             shutil.copyfile(self.pool_path, d / "pool.json")
@@ -189,26 +192,36 @@ class RunDir:
         previous = self.state.get("checkpoint")
         state = dict(self.state)
         state["done"] = [*state["done"], unit]
+        dropped: list[str] = []
         if checkpoint is not None:
             state["checkpoint"] = checkpoint
+            kept = list(state.get("checkpoints") or ([previous["path"]] if previous else []))
+            kept = [p for p in kept if p != checkpoint["path"]] + [checkpoint["path"]]
+            dropped, state["checkpoints"] = kept[: -self.keep_last], kept[-self.keep_last :]
         if train_step:
             state["step"] = int(state["step"]) + 1
         state.update(extra)
         write_atomic(self.state_path, json.dumps(state, indent=1))
         self.state = state
-        if checkpoint is not None and previous and previous["path"] != checkpoint["path"]:
-            shutil.rmtree(self.root / previous["path"], ignore_errors=True)
+        for path in dropped:  # after the commit: a crash in between leaves an extra checkpoint, never too few
+            shutil.rmtree(self.root / path, ignore_errors=True)
 
 
 def open_monitor(run: RunDir, cfg):
-    """The run's TensorBoard monitor; events at or after the first uncommitted step are purged on resume."""
+    """The run's TensorBoard monitor, writing into RUN/tensorboard/<cfg.name> (the run TensorBoard lists) with the
+    key curves pinned (monitor.key_layout); events at or after the first uncommitted step are purged on resume."""
     if not cfg.monitor.tensorboard:
         return NullMonitor(progress=cfg.monitor.progress)
-    monitor = Monitor(run.tensorboard, progress=cfg.monitor.progress)
+    log_dir = run.tensorboard / cfg.name
+    monitor = Monitor(log_dir, progress=cfg.monitor.progress)
     if run.step:
         # TensorBoard drops events with step >= purge_step written by earlier (killed) writers.
         from torch.utils.tensorboard import SummaryWriter
 
         monitor._writer.close()
-        monitor._writer = SummaryWriter(str(run.tensorboard), purge_step=run.step)
+        monitor._writer = SummaryWriter(str(log_dir), purge_step=run.step)
+    stages = ["warm_start"] * (cfg.rft.warm_start == "scripted" and "rft" in cfg.schedule) + [
+        s for s in cfg.schedule if s != "eval"
+    ]
+    monitor.layout(key_layout(stages, cfg.algo.max_staleness >= 1))
     return monitor

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,10 +36,10 @@ from swe_megatron.algo import (
 from swe_megatron.algo.staleness import split_stale, staleness, staleness_metrics
 from swe_megatron.config.schema import LrSchedule, RunConfig
 from swe_megatron.engine.gate import VersionGate
-from swe_megatron.engine.scripted import ScriptedPolicy
-from swe_megatron.monitor import Monitor
+from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
+from swe_megatron.monitor import Monitor, key_curves
 from swe_megatron.pipeline.ahead import Ahead
-from swe_megatron.pipeline.eval import evaluate
+from swe_megatron.pipeline.eval import evaluate, model_name
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
 from swe_megatron.pipeline.run_dir import RunDir
 from swe_megatron.pipeline.spmd import World
@@ -212,9 +213,16 @@ def _sft_steps(ctx: Context, stage, samples, epochs: int, seed: int) -> list[dic
 
 
 def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Path) -> None:
-    step = ctx.run.step
-    for group, values in metrics.items():
+    """The unit's metrics to TensorBoard (async/* only when async is on; the key curves again under key/<stage>/;
+    a text marker where a stage begins), sample trajectories as text, and to the unit's metrics.json."""
+    step, (stage, it) = ctx.run.step, unit.split(":")
+    stage = "warm_start" if it == "warm_start" else stage
+    shown = {g: v for g, v in metrics.items() if g != "async" or ctx.cfg.algo.max_staleness >= 1}
+    for group, values in shown.items():
         ctx.monitor.scalars(group, values, step)
+    ctx.monitor.scalars(f"key/{stage}", key_curves(shown), step)
+    if it in ("0", "warm_start"):
+        ctx.monitor.text("stages", f"**{stage}** begins at iteration {step} (unit {unit})", step)
     ctx.monitor.histogram("episode/steps_hist", [t.num_steps for t in trajs], step)
     ctx.monitor.histogram("episode/tokens_hist", [len(t.token_ids) for t in trajs], step)
     picks = sorted(trajs, key=lambda t: (not t.resolved, t.task_id, t.sample_index))
@@ -293,7 +301,10 @@ def _scripted_rollouts(ctx: Context, stage, unit: str) -> Batch:
     d = ctx.run.unit_dir(unit, fresh=True)
     tasks = [ctx.train_tasks[k] for k in sorted(ctx.train_tasks)]
     decoys = stage.warm_start_decoys
-    policy = ScriptedPolicy(ctx.rollouts.chat, scripts(tasks, decoys))
+    chat, max_tokens = ctx.rollouts.chat, ctx.cfg.sampling.max_tokens_per_turn
+    policy = ScriptedPolicy(chat, scripts(tasks, decoys, turn_fits(chat, max_tokens)))
+    for key, why in sorted(policy.problems(max_tokens, stage.t_max).items()):
+        print(f"{unit}: the scripted solution of {key} cannot play out: {why}", file=sys.stderr)
     trajs, seconds = _rollouts(ctx, stage, tasks, 1 + decoys, d, engine=policy)
     kept, masks, info = sft_data(trajs, stage.max_kept_per_task)
     return _sft_batch(stage, kept, masks, trajs, seconds, info | {"scripted_tasks": float(len(tasks))})
@@ -318,9 +329,14 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
     ckpt = _checkpoint_and_sync(ctx, unit, "warm_start", b.seconds)
 
     def finish() -> None:
-        metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
-        metrics["warm_start"] = {**b.info, "epochs": float(epochs), **{f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}}  # fmt: skip
-        metrics["train"] = train_metrics(steps)
+        # The scripted fake's rollout is no model's: its outcomes go under warm_start/, not reward/ or episode/.
+        rolled = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
+        final = {f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}
+        metrics = {"warm_start": {**b.info, "epochs": float(epochs), **final,
+                                  "resolved_rate": rolled["reward"]["resolved_rate"],
+                                  "steps_mean": rolled["episode"]["steps_mean"]},
+                   "infra": rolled["infra"]}  # fmt: skip
+        metrics["train"] = train_metrics(steps, "sft")
         metrics["time"] = b.seconds
         _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
 
@@ -353,7 +369,7 @@ def rft_iteration(ctx: Context, it: int, stage_name: str = "rft") -> None:
         _record(ctx, it, b.trajs)
         metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
         metrics["rft"] = b.info.as_metrics("")
-        metrics["train"] = train_metrics(steps)
+        metrics["train"] = train_metrics(steps, "sft")
         metrics["time"] = b.seconds | {"iteration_s": time.perf_counter() - t0}
         _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
 
@@ -438,7 +454,7 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
     def finish() -> None:
         _record(ctx, it, b.trajs)
         metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr) | b.info.as_metrics()
-        metrics["train"] = train_metrics(steps)
+        metrics["train"] = train_metrics(steps, "dapo")
         busy, cycle = ctx.ahead.clock.take()
         metrics["time"] = b.seconds | {
             "iteration_s": time.perf_counter() - t0,
@@ -451,9 +467,10 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
             "max_staleness": float(ctx.cfg.algo.max_staleness),
         }
         metrics["pool"] = {"active": float(len(ctx.pool.active))}
-        ctx.monitor.histogram(
-            "async/staleness_hist", [staleness(t, ctx.run.step) for t in b.trajs], ctx.run.step
-        )
+        if ctx.cfg.algo.max_staleness >= 1:
+            ctx.monitor.histogram(
+                "async/staleness_hist", [staleness(t, ctx.run.step) for t in b.trajs], ctx.run.step
+            )
         _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
 
     _commit(ctx, unit, ckpt, finish)
@@ -469,7 +486,8 @@ def final_eval(ctx: Context, test_tasks: list) -> None:
 def _evaluate(ctx: Context, test_tasks: list) -> None:
     ev = ctx.cfg.eval
     tasks = test_tasks[: ev.max_tasks] if ev.max_tasks else test_tasks
-    name = f"{ctx.cfg.model.name} ({ctx.cfg.name}, after {ctx.run.state['done'][-1]})"
+    # A plain identifier (SWE-bench log folders): e.g. tiny-qwen2__embedded__stage2-1
+    name = model_name(ctx.cfg.model.name, ctx.cfg.name, ctx.run.state["done"][-1])
     report, text = evaluate(ctx.rollouts, tasks, ev.runs, ctx.run.eval_dir, name)
     ctx.monitor.scalars("eval", {k: v for k, v in report.items() if k.startswith("pass@") and k != "pass@1_per_run"},
                         ctx.run.step)  # fmt: skip

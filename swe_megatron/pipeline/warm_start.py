@@ -18,6 +18,7 @@ stages have one decision whose credit they must assign from the reward alone.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -68,8 +69,9 @@ def shortest_unique_replace(source: str, old: str, new: str, min_len: int = 4) -
             a -= 1
 
 
-def short_script(task: Task) -> list[str]:
-    """The assistant turns of the scripted solution of `task` (see the module docstring)."""
+def short_script(task: Task, fits: Callable[[str], bool] = lambda turn: True) -> list[str]:
+    """The assistant turns of the scripted solution of `task` (see the module docstring); fits: whether a turn
+    fits the engine's per-turn token cap (engine.scripted.turn_fits), for the general script's edits."""
     change = _one_line_change(task.patch)
     repo = task.extra.get("repo_dir")
     if change and repo and (Path(repo) / change[0]).is_file():
@@ -82,7 +84,7 @@ def short_script(task: Task) -> list[str]:
                 _block(f"replace {shlex.quote(search)} {shlex.quote(repl)}"),
                 _block("submit"),
             ]
-    return gold_patch_script(task.patch)
+    return gold_patch_script(task.patch, fits)
 
 
 def give_up_script(task: Task) -> list[str]:
@@ -90,9 +92,11 @@ def give_up_script(task: Task) -> list[str]:
     return short_script(task)[:1] + [_block("submit")]
 
 
-def scripts(tasks: list[Task], decoys: int) -> dict[str, list[str]]:
+def scripts(
+    tasks: list[Task], decoys: int, fits: Callable[[str], bool] = lambda turn: True
+) -> dict[str, list[str]]:
     """ScriptedPolicy scripts: sample 0 of every task plays its solution, samples 1..decoys give up."""
-    out = {t.instance_id: short_script(t) for t in tasks}
+    out = {t.instance_id: short_script(t, fits) for t in tasks}
     for t in tasks:
         for k in range(1, decoys + 1):
             out[f"{t.instance_id}{SESSION_SEP}{k}"] = give_up_script(t)

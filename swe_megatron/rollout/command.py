@@ -21,7 +21,7 @@ from pathlib import Path
 from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.config.load import load_config
 from swe_megatron.config.schema import EngineBackend
-from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
 from swe_megatron.errors import UsageError
 from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
@@ -63,7 +63,7 @@ def _rollout(args: argparse.Namespace) -> int:
 
 def _engine(cfg, args, tasks, out: Path, stack, chat, rendezvous_engines=()):
     if args.policy == "gold":
-        return ScriptedPolicy(chat, {t.instance_id: gold_patch_script(t.patch) for t in tasks})
+        return gold_policy(chat, tasks, cfg.sampling.max_tokens_per_turn, getattr(cfg, args.stage).t_max)
     if args.engine_url or rendezvous_engines:
         return RoutedEngine.vllm(
             args.engine_url or rendezvous_engines, "policy", cfg.sampling, [chat.eos_id],
@@ -86,6 +86,17 @@ def _engine(cfg, args, tasks, out: Path, stack, chat, rendezvous_engines=()):
     return RoutedEngine.vllm(
         [s.url for s in servers], "policy", cfg.sampling, [chat.eos_id], cfg.engine.request_timeout_s
     )
+
+
+def gold_policy(chat: ChatFormat, tasks, max_tokens: int, t_max: int) -> ScriptedPolicy:
+    """The scripted gold solutions of `tasks` (the warm start's scripts, edits split to fit max_tokens); one
+    stderr line per task whose script cannot play out within the limits (it will not be resolved), saying why."""
+    from swe_megatron.pipeline.warm_start import scripts
+
+    policy = ScriptedPolicy(chat, scripts(tasks, 0, turn_fits(chat, max_tokens)))
+    for task, why in sorted(policy.problems(max_tokens, t_max).items()):
+        print(f"rollout --policy gold: {task} cannot be resolved by its script: {why}", file=sys.stderr)
+    return policy
 
 
 def render_trajectory(traj, color: bool = False) -> str:

@@ -3,9 +3,10 @@
 Sharded and streamed: in one model replica, each pipeline stage's TP-rank-0 process receives the full
 (TP-gathered) tensors of its own layers one parameter at a time and writes them into files of at most
 `max_shard_bytes` as they come; no rank ever holds the whole model, the writers one shard at most.
-Atomic: everything is written into `<out>.tmp`, global rank 0 adds `model.safetensors.index.json`
-and `config.json`, then swaps the folder into place with renames, so a reader sees the old export or
-the new one, never a half-written one.
+Atomic: everything is written into `<out>.tmp`, global rank 0 names the shards as the hub does
+(`model-0000K-of-0000N.safetensors`, mode 0644), adds `model.safetensors.index.json` and `config.json`,
+then swaps the folder into place with renames, so a reader sees the old export or the new one, never a
+half-written one.
 """
 
 from __future__ import annotations
@@ -74,8 +75,22 @@ def _named_for_export(tensors, cfg: ModelConfig, name_tied_lm_head: bool):
             yield "lm_head.weight", t
 
 
+def hub_shard_names(files: list[str]) -> dict[str, str]:
+    """The stage writers' file names -> the hub's `model-0000K-of-0000N.safetensors`, in stage order."""
+    files = sorted(set(files))  # model-stageSSS-IIIII: pipeline stage, then the stage's own order
+    return {f: f"model-{k:05d}-of-{len(files):05d}.safetensors" for k, f in enumerate(files, 1)}
+
+
 def _finish_folder(tmp: Path, out: Path, cfg: ModelConfig, weight_map: dict, total: int, extra_files) -> None:
-    """Rank 0: write the index, config.json and extra_files into `tmp`, then put `tmp` in place of `out`."""
+    """Rank 0: name the shards as the hub does, write the index, config.json and extra_files into `tmp`, then
+    put `tmp` in place of `out`."""
+    names = hub_shard_names(list(weight_map.values()))
+    for old, new in names.items():
+        (tmp / old).rename(tmp / new)
+        os.chmod(
+            tmp / new, 0o644
+        )  # safetensors writes 0600; the hub's files (and engines on other users) read
+    weight_map = {k: names[v] for k, v in weight_map.items()}
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (tmp / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2))

@@ -67,7 +67,11 @@ def episode(task, engine, chat, sb=None, **kw):
 
 def test_scripted_gold_patch_reproduces_the_gold_diff(task, chat):
     script = gold_patch_script(task.patch)
-    assert script[0].endswith("```\nopen calc.py\n```") and "edit 31:34" in script[1]  # bottom-up hunks
+    # Bottom-up, one edit per changed line (no context lines rewritten).
+    assert (
+        script[0].endswith("```\nopen calc.py\n```")
+        and "edit 34:34\n    return a - b\nend_of_edit" in script[1]
+    )
     traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat)
     assert traj.exit_reason == ExitReason.submitted and traj.infra_failure is None
     assert traj.num_steps == len(script) and traj.malformed_turns == []
@@ -208,6 +212,58 @@ def test_tiny_random_model_episode_keeps_provenance(task, chat):
     traj.check()
     acts = [lp for lp, m in zip(traj.logprobs, traj.action_mask) if m]
     assert len(acts) >= 3 and all(lp < 0 for lp in acts)
+
+
+def _git_task(tmp_path, files: dict[str, str], fixed: dict[str, str]) -> Task:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name, text in files.items():
+        (repo / name).write_text(text)
+    git = "git -c user.email=t@t -c user.name=t"
+    subprocess.run(f"git init -q && git add -A && {git} commit -qm init", shell=True, cwd=repo, check=True)
+    for name, text in fixed.items():
+        (repo / name).write_text(text)
+    gold = subprocess.run(
+        "git add -A && git diff --cached", shell=True, cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+    subprocess.run("git reset -q --hard", shell=True, cwd=repo, check=True)
+    return Task("demo__big-1", "demo/big", "HEAD", gold, "", "x", [], [], extra={"repo_dir": str(repo)})
+
+
+def test_gold_script_splits_edits_to_fit_the_turn_cap_and_still_reproduces_the_gold_diff(tmp_path, chat):
+    """A 12-line replacement, a 3-line deletion and a new 15-line file under a 48-token turn cap: the script
+    splits them into edits that each fit (an engine would cut a longer turn), and the episode at that cap ends
+    with exactly the gold diff."""
+    from swe_megatron.engine.scripted import turn_fits
+
+    old = [f"x{i} = {i}" for i in range(40)]
+    new = old[:5] + [f"y{i} = compute({i}, scale=2)" for i in range(12)] + old[6:20] + old[23:]
+    task = _git_task(tmp_path, {"m.py": "\n".join(old) + "\n"},
+                     {"m.py": "\n".join(new) + "\n", "n.py": "".join(f"z{i} = {i} * 3\n" for i in range(15))})  # fmt: skip
+    cap = 48
+    script = gold_patch_script(task.patch, turn_fits(chat, cap))
+    policy = ScriptedPolicy(chat, {task.instance_id: script})
+    assert len(script) > 6 and policy.problems(cap, t_max=len(script)) == {}
+    unsplit = gold_patch_script(task.patch)
+    assert (
+        ScriptedPolicy(chat, {"t": unsplit}).problems(cap, len(unsplit))["t"].startswith("turn 3 of 6 needs")
+    )
+    traj = episode(task, policy, chat, max_tokens_per_turn=cap, t_max=len(script))
+    assert traj.exit_reason == ExitReason.submitted and traj.malformed_turns == []
+    strip = lambda p: [ln for ln in p.splitlines() if not ln.startswith("index ")]  # noqa: E731
+    assert strip(traj.patch) == strip(task.patch)
+
+
+def test_scripts_that_cannot_play_out_are_named(chat):
+    """A line longer than the cap cannot be split: `problems` names the turn and the cap; a script longer than
+    t_max names both counts."""
+    long = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a = 1\n+a = " + " + ".join(["1"] * 80) + "\n"
+    policy = ScriptedPolicy(chat, {"t": gold_patch_script(long, lambda turn: False)})
+    assert (
+        "turn 2 of 3 needs" in policy.problems(64, 10)["t"]
+        and "max_tokens_per_turn=64" in policy.problems(64, 10)["t"]
+    )
+    assert policy.problems(4096, 2) == {"t": "the script needs 3 turns, more than the stage's t_max=2"}
 
 
 def test_warm_start_decoys_give_up_and_are_kept_for_sft(task, chat):

@@ -53,3 +53,17 @@ def test_per_run_pass_rates_and_mean_pass_at_k():
     assert mean_pass_at_k(results, 3) == 0.5
     with pytest.raises(ValueError, match="run counts"):
         pass_rate_per_run({"a": [True], "b": [True, False]})
+
+
+def test_train_metrics_name_the_loss_by_its_kind():
+    """SFT and DAPO losses are two TensorBoard curves (train/sft_loss, train/dapo_loss), not one."""
+    from swe_megatron.pipeline.metrics import train_metrics
+
+    steps = [
+        {"loss": 1.0, "grad_norm": 2.0, "action_tokens": 5.0},
+        {"loss": 3.0, "grad_norm": 4.0, "action_tokens": 7.0},
+    ]
+    assert train_metrics(steps, "dapo") == {
+        "dapo_loss": 2.0, "grad_norm": 3.0, "optimizer_steps": 2.0, "tokens_trained": 12.0,
+    }  # fmt: skip
+    assert "sft_loss" in train_metrics(steps, "sft") and "loss" not in train_metrics(steps, "sft")

@@ -128,6 +128,7 @@ def test_overrides_and_interpolation():
         ("algo.off_policy.mask_threshold=0.0", ["algo.off_policy.mask_threshold=0.0", "> 0", "null"]),
         ("algo.max_staleness=-1", ["algo.max_staleness=-1", "0 (synchronous", "1..15"]),
         ("algo.max_staleness=16", ["algo.max_staleness=16", "1..15"]),
+        ("checkpoint.keep_last=0", ["checkpoint.keep_last=0", ">= 1"]),
     ],
 )
 def test_bad_values_fail_with_one_message(override, needles):

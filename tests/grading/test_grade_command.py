@@ -11,7 +11,8 @@ from tiny_task import INIT, diff
 from tiny_task import unbuilt_task as make_task
 
 from swe_megatron.cli import main
-from swe_megatron.grading.report import PredictionsError, load_predictions
+from swe_megatron.grading.grader import GradeResult
+from swe_megatron.grading.report import PredictionsError, build_report, load_predictions
 
 
 def write_jsonl(path, rows):
@@ -36,6 +37,7 @@ def files(tmp_path):
         ('{"model_patch": ""}\n', "line 1: missing or empty instance_id"),
         ('{"instance_id": "a"}\n', "missing model_patch"),
         ('{"instance_id": "a", "model_patch": 3}\n', "model_patch must be a string or null"),
+        ('{"instance_id": "a", "model_patch": "", "model_name_or_path": ".."}\n', "cannot name a log folder"),
         (
             '{"instance_id": "a", "model_patch": ""}\n{"instance_id": "a", "model_patch": ""}\n',
             "appears twice",
@@ -145,7 +147,10 @@ def test_grade_command_end_to_end(tiny, sandbox_factory, tmp_path, capsys):
     assert report["instances"]["calc__calc-gold"]["FAIL_TO_PASS"]["success"] == task.FAIL_TO_PASS
     assert report["model_name_or_path"] == "tiny-model" and report["submitted_instances"] == 4
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    assert (tmp_path / "report.logs" / "calc__calc-gold" / "test_output.txt").exists()
+    # SWE-bench's layout: logs/run_evaluation/<run_id>/<model>/<instance_id>/ with its file names
+    gold = tmp_path / "logs" / "run_evaluation" / "preds" / "tiny-model" / "calc__calc-gold"
+    assert {"test_output.txt", "patch.diff", "eval.sh", "report.json"} <= {p.name for p in gold.iterdir()}
+    assert json.loads((gold / "report.json").read_text())["calc__calc-gold"]["resolved"] is True
     assert "resolved 1/4" in capsys.readouterr().out
 
 
@@ -161,3 +166,51 @@ def test_grade_command_names_a_bad_tasks_file(tmp_path, capsys, tasks_text, mess
     assert main(["grade", "--tasks", str(tasks), "--predictions", str(preds)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _swebench_run_report_keys() -> set[str]:
+    """The keys of the run report SWE-bench's own make_run_report writes (read from the installed source:
+    importing it needs docker)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(importlib.util.find_spec("swebench").origin).parent / "harness" / "reporting.py"
+    for node in ast.walk(ast.parse(src.read_text())):
+        if (
+            isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", "") == "report"
+            and isinstance(node.value, ast.Dict)
+        ):
+            return {k.value for k in node.value.keys}
+    raise AssertionError(f"no report = {{...}} in {src}")
+
+
+def test_report_has_swebench_keys_and_a_model_name_string_per_instance():
+    """Every key of SWE-bench 5.0.2's run report is there (same names); predictions of two models keep
+    model_name_or_path a string: per instance, and at the top ("" when several, all in model_names)."""
+    preds = {
+        "a": {"instance_id": "a", "model_name_or_path": "m1", "model_patch": "x"},
+        "b": {"instance_id": "b", "model_name_or_path": "org/m2", "model_patch": "y"},
+        "c": {"instance_id": "c", "model_name_or_path": "m1", "model_patch": "z"},
+    }
+    results = [
+        GradeResult("a", "resolved"),
+        GradeResult("b", "unresolved"),
+        GradeResult("c", "error", "sandbox died"),
+    ]
+    report = build_report(results, ["a", "b", "c", "d"], preds)
+    expected = _swebench_run_report_keys()
+    assert "schema_version" in expected and expected <= report.keys(), expected - report.keys()
+    assert report["model_name_or_path"] == "" and report["model_names"] == ["m1", "org/m2"]
+    assert {k: v["model_name_or_path"] for k, v in report["instances"].items()} == {
+        "a": "m1",
+        "b": "org/m2",
+        "c": "m1",
+    }
+    assert report["infra_failure_ids"] == report["error_ids"] == ["c"] and report["failure_reasons"] == {
+        "c": "sandbox died"
+    }
+    assert report["incomplete_ids"] == ["d"] and report["schema_version"] == 2
+    one = build_report(results[:1], ["a"], {"a": preds["a"]})
+    assert one["model_name_or_path"] == "m1" and one["model_names"] == ["m1"]

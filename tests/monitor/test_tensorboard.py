@@ -44,3 +44,55 @@ def test_null_monitor_writes_nothing(tmp_path):
     assert list(mon.progress([1, 2])) == [1, 2]
     mon.close()
     assert not (tmp_path / "tb").exists()
+
+
+def test_key_curves_per_stage_and_their_custom_scalars_layout(tmp_path):
+    """The key curves of a unit's metrics, and the Custom Scalars layout that pins them, as TensorBoard's own
+    custom_scalars plugin reads it back (layout_pb2): one chart per curve, one line per stage; staleness only
+    with async on."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    from swe_megatron.monitor import key_curves, key_layout
+
+    metrics = {
+        "reward": {"resolved_rate": 0.5},
+        "train": {"dapo_loss": -0.1, "logprob_mismatch_abs_mean": 1e-6},
+        "episode": {"steps_mean": 3.0},
+        "tokens": {"trajectory_mean": 900.0},
+        "async": {"staleness_mean": float("nan")},
+    }
+    assert key_curves(metrics) == {
+        "resolved_rate": 0.5, "loss": -0.1, "steps_mean": 3.0, "tokens_mean": 900.0, "logprob_mismatch": 1e-6,
+    }  # fmt: skip
+    assert key_curves({"warm_start": {"resolved_rate": 1.0}, "train": {"sft_loss": 2.0}}) == {
+        "resolved_rate": 1.0, "loss": 2.0,
+    }  # fmt: skip
+    for async_on in (False, True):
+        mon = Monitor(tmp_path / f"tb{async_on}", progress=False)
+        mon.layout(key_layout(["warm_start", "rft", "stage1", "stage2"], async_on))
+        mon.close()
+        (events,) = (tmp_path / f"tb{async_on}").rglob("events.out.tfevents.*")
+        acc = EventAccumulator(str(events), size_guidance={"tensors": 0})
+        acc.Reload()
+        (event,) = acc.Tensors("custom_scalars__config__")
+        layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+        (category,) = layout.category
+        charts = {c.title: list(c.multiline.tag) for c in category.chart}
+        assert charts["resolved rate"] == ["^key/(warm_start|rft|stage1|stage2)/resolved_rate$"]
+        assert any("loss" in t for t in charts) and ("staleness_mean" in str(charts)) == async_on
+
+
+def test_readme_lists_every_key_curve_and_each_of_its_tags_once():
+    """README's TensorBoard paragraph names every key curve (monitor.KEY_CURVES) and every tag it reads; the
+    pipeline e2e test compares the whole list with the tags a run writes."""
+    from readme_tags import matches, readme_tag_patterns
+
+    from swe_megatron.monitor import KEY_CURVES
+
+    patterns = readme_tag_patterns()
+    assert len(patterns) == len(set(patterns)), "a tag listed twice"
+    for curve, (_, sources) in KEY_CURVES.items():
+        assert f"key/<stage>/{curve}" in patterns
+        assert all(any(matches(tag, p) for p in patterns) for tag in sources), sources
+    assert not any(matches("train/loss", p) for p in patterns if "*" not in p)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from procs import alive, cmdline, descendants
+from readme_tags import compare
 from tiny_tasks import make_task_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
@@ -32,6 +33,9 @@ OVERRIDES = [
     # model after a 2-epoch warm start often fails every episode, and all-equal groups would be dropped.
     "algo.drop_zero_advantage=false",
 ]  # fmt: skip
+OFF_POLICY_ONLY = {f"train/{k}" for k in ("is_weight_mean", "is_weight_max", "is_clipped_frac", "masked_trajectories",
+                                          "masked_trajectories_frac")}  # fmt: skip
+"""README tags only written with algo.off_policy set (this run has it off)."""
 UNITS = ["init", "rft:warm_start", "rft:0", "stage1:0", "stage1:1", "stage2:0", "eval"]
 
 
@@ -151,14 +155,26 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     missing = [t for t in wanted if t not in scalars]
     assert not missing, f"missing tags {missing}; have {sorted(scalars)}"
     steps = sorted({s for s, _ in scalars["reward/resolved_rate"]})
-    assert steps == [0, 1, 2, 3, 4], steps
+    assert steps == [1, 2, 3, 4], (
+        steps
+    )  # the model's own rollouts; the scripted warm start's are warm_start/*
+    # TensorBoard names the run after the config; async/* only when async is on; README lists what is written.
+    assert [p.name for p in (run_dir / "tensorboard").iterdir()] == ["embedded"]
+    assert not [t for t in scalars if t.startswith("async/") or "staleness" in t]
+    # rft:0 (step 1) trains only when a sampled episode was resolved
+    assert {0} <= {s for s, _ in scalars["train/sft_loss"]} <= {0, 1}
+    assert {s for s, _ in scalars["train/dapo_loss"]} == {2, 3, 4}
+    assert {s for s, _ in scalars["key/stage1/resolved_rate"]} == {2, 3}
+    unlisted, unwritten = compare(set(scalars))
+    assert unlisted == [], f"tags written that README.md does not list: {unlisted}"
+    assert set(unwritten) <= OFF_POLICY_ONLY, f"README.md lists tags the run did not write: {unwritten}"
     for tag in ("reward/resolved_rate", "episode/submit_rate", "episode/format_error_rate"):
         assert all(0.0 <= v <= 1.0 for _, v in scalars[tag]), tag
     # The engine serves the trainer's weights: logprobs agree after every weight sync (measured in DAPO updates).
     mismatch = scalars["train/logprob_mismatch_abs_mean"]
     assert {s for s, _ in mismatch} == {2, 3, 4} and all(v < 1e-3 for _, v in mismatch), mismatch
     # The warm start's scripted solutions resolve the tasks and its give-up decoys do not (real sandbox + grader).
-    assert scalars["reward/resolved_rate"][0][1] == 0.5
+    assert scalars["warm_start/resolved_rate"][0][1] == 0.5
     assert scalars["warm_start/scripted_resolved"][0][1] == 2.0 and scalars["warm_start/decoys"][0][1] == 2.0
     assert scalars["warm_start/decoys_resolved"][0][1] == 0.0
 

@@ -7,7 +7,14 @@ import json
 import pytest
 
 from swe_megatron.errors import UsageError
-from swe_megatron.pipeline.eval import eval_report, table, write_predictions
+from swe_megatron.pipeline.eval import (
+    PLAIN_NAME,
+    check_model_name,
+    eval_report,
+    model_name,
+    table,
+    write_predictions,
+)
 from swe_megatron.pipeline.run_dir import RunDir, resume_conflicts
 from swe_megatron.pipeline.warm_start import shortest_unique_replace
 from swe_megatron.trajectory import ExitReason, Trajectory
@@ -26,6 +33,23 @@ def test_commit_is_one_atomic_state_write_and_prunes_old_checkpoints(tmp_path):
     run.pool_path.write_text('{"uncommitted": 1}')
     again.restore_pool()
     assert json.loads(run.pool_path.read_text()) == {}
+
+
+def test_keep_last_keeps_the_last_n_checkpoints_across_resumes(tmp_path):
+    """checkpoint.keep_last=2: after each commit the two newest checkpoints exist, older ones are gone, also when
+    the run directory is reopened between commits (the kept list is in state.json)."""
+    units = ["init", "rft:0", "rft:1", "stage1:0", "eval"]
+    for i, unit in enumerate(units):
+        run = RunDir(tmp_path, keep_last=2)
+        ckpt = None
+        if unit != "eval":  # eval commits no checkpoint and keeps what is there
+            d = run.checkpoint_dir(unit)
+            d.mkdir()
+            ckpt = {"unit": unit, "path": str(d.relative_to(tmp_path)), "stage": None}
+        run.commit(unit, ckpt, train_step=i > 0)
+        made = [u.replace(":", "-") for u in units[: min(i + 1, 4)]]
+        assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted(made[-2:]), unit
+    assert RunDir(tmp_path).state["checkpoints"] == ["checkpoints/rft-1", "checkpoints/stage1-0"]
 
 
 def test_resume_conflicts_name_the_keys():
@@ -182,3 +206,15 @@ def test_a_crash_while_saving_the_pool_leaves_the_previous_file(tmp_path, monkey
     monkeypatch.undo()
     assert run.pool_path.read_text() == before
     assert run.open_pool(["a", "b", "c"], seed=0).to_dict()["samples"] == []
+
+
+def test_prediction_model_names_are_plain_identifiers():
+    """What the pipeline and `eval` name their predictions: no spaces, parentheses or colons (they become folders
+    of SWE-bench's log paths); a name given by hand is checked the same way."""
+    assert model_name("tiny-qwen2", "embedded", "stage2:1") == "tiny-qwen2__embedded__stage2-1"
+    assert model_name("Qwen/Qwen2.5-7B", "paper 7b", "(x)") == "Qwen-Qwen2.5-7B__paper-7b__x"
+    for name in ["tiny-qwen2__embedded__stage2-1", "org/model-1.5"]:
+        assert check_model_name(name) == name and PLAIN_NAME.fullmatch(model_name(name))
+    for bad in ["tiny-qwen2 (embedded, after stage2:1)", "a/b/c", "../x", "", "a:b"]:
+        with pytest.raises(UsageError, match="model name"):
+            check_model_name(bad)

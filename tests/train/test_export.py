@@ -59,9 +59,28 @@ def test_export_shards_by_size(megatron_world, tmp_path):
     parallel.init_model_parallel(ParallelConfig(), seed=1)
     model = build_model(cfg, ParallelConfig())
     load_hf_state(model, hf.state_dict(), cfg, 0, 1)
-    report = export_hf(model, cfg, tmp_path / "hf", max_shard_bytes=64 * 1024)
+    from swe_megatron.model.tokenizer import PORTABLE_TOKENIZER_CLASS, save_tokenizer
+
+    tok = save_tokenizer("qwen2.5", tmp_path / "tok")
+    extra = sorted(p for p in tok.iterdir() if p.is_file())
+    report = export_hf(model, cfg, tmp_path / "hf", max_shard_bytes=64 * 1024, extra_files=extra)
     assert report.files > 3
     files = sorted((tmp_path / "hf").glob("*.safetensors"))
+    # The hub's layout: model-0000K-of-0000N.safetensors named in the index, every file readable by others (0644),
+    # a generation config, a tokenizer class transformers 4.x knows too (not 5.x's TokenizersBackend).
+    n = len(files)
+    assert [f.name for f in files] == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {f.name for f in files}
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in (tmp_path / "hf").iterdir()} == {
+        f.name: "0o644" for f in (tmp_path / "hf").iterdir()
+    }
+    gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == 151645 and gen["temperature"] == 1.0 and gen["top_k"] == 0
+    tok_cfg = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert (
+        tok_cfg["tokenizer_class"] == PORTABLE_TOKENIZER_CLASS and "<|im_start|>" in tok_cfg["chat_template"]
+    )
     exported = {k: v for f in files for k, v in load_file(str(f)).items()}
     assert exported.keys() == hf.state_dict().keys()
     assert all(torch.equal(exported[k], v) for k, v in hf.state_dict().items())
