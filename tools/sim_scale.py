@@ -46,6 +46,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / 
 
 from standin_vllm import TurnModel  # noqa: E402
 
+from swe_megatron.monitor.tensorboard import Monitor  # noqa: E402  (torch: seconds of imports, before any level)
+
 
 def start_standins(n: int, model: TurnModel, log_dir: Path) -> list[subprocess.Popen]:
     """n stand-in vLLM processes; each .url set once it listens."""
@@ -141,7 +143,6 @@ def run_level(
 ) -> dict:
     """One rollout phase of `episodes` at `concurrency` in flight; the figures (see the module docstring)."""
     from swe_megatron.config.schema import RunConfig
-    from swe_megatron.monitor.tensorboard import Monitor
     from swe_megatron.pipeline.metrics import rollout_metrics
     from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
     from swe_megatron.rollout.setup import Rollouts

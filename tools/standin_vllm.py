@@ -47,13 +47,13 @@ SOURCES = ["json/decoder.py", "json/encoder.py", "argparse.py", "textwrap.py", "
 class TurnModel:
     """The stand-in's distributions (see the module docstring)."""
 
-    gen_median: float = 250.0
+    gen_median: float = 300.0
     """Median tokens one turn generates."""
     gen_sigma: float = 0.6
     """Log-sd of the tokens per turn."""
     turns_mean: float = 30.0
     """Mean turns of an episode (geometric: 1 / turns_mean chance to submit each turn)."""
-    obs_lines_median: float = 40.0
+    obs_lines_median: float = 150.0
     """Median source lines a reading command prints (~40 tokens a line)."""
     fix_rate: float = 0.05
     """Chance a turn applies the task's fix (graded 1 when the episode then submits)."""
