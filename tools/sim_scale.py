@@ -154,6 +154,7 @@ def run_level(
     cfg.sandbox.command_timeout_s = 60.0
     stage = getattr(cfg, args.stage)
     stage.t_max, stage.context_length = args.t_max, args.context
+    stage.l_thr = min(stage.l_thr, args.t_max - 1)
     cfg.sampling.max_tokens_per_turn = 4096
     model = TurnModel(**json.loads(args.turn_model))
     sandboxes = SandboxPool.connect(pool_urls, token, command_timeout_s=cfg.sandbox.grade_timeout_s)
@@ -194,6 +195,7 @@ def run_level(
         "concurrency": concurrency,
         "episodes": stats.episodes,
         "turns": stats.turns,
+        "generate_calls": len(engine.calls),
         "wall_s": round(wall, 2),
         "episodes_per_min": round(60 * stats.episodes / wall, 2),
         "turns_per_s": round(stats.turns / wall, 2),
@@ -221,7 +223,8 @@ def run_level(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the levels and print (and with --json write) their figures."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--levels", type=int, nargs="+", default=[64, 256, 1024], help="episodes in flight")
     p.add_argument("--episodes-per-level", type=int, default=0, help="episodes per level (0: 2 x the level)")
@@ -234,7 +237,12 @@ def main() -> None:
     )
     p.add_argument("--turn-model", default="{}", help="TurnModel fields as JSON (tools/standin_vllm.py)")
     p.add_argument("--json", default="", help="write the figures here")
-    args = p.parse_args()
+    p.add_argument(
+        "--work",
+        default="",
+        help="folder for the task, logs, trajectories, TensorBoard (default: a new temp one)",
+    )
+    args = p.parse_args(argv)
 
     import sandbox_servers
     import tiny_task
@@ -246,7 +254,8 @@ def main() -> None:
     if why:
         sys.exit(f"sim_scale: {why}")
     args.chat = ChatFormat(load_tokenizer("qwen2.5"))
-    work = Path(tempfile.mkdtemp(prefix="sim-scale-"))
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="sim-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     (work / "task").mkdir()
     task = tiny_task.build_task(work / "task", tiny_task.build_env())
     model = TurnModel(**json.loads(args.turn_model))
