@@ -138,10 +138,10 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def run_level(
-    concurrency: int, episodes: int, args, standins, pool_urls, token: str, task, out: Path
-) -> dict:
-    """One rollout phase of `episodes` at `concurrency` in flight; the figures (see the module docstring)."""
+def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token: str, task, out: Path,
+              fault=None) -> dict:  # fmt: skip
+    """One rollout phase of `episodes` at `concurrency` in flight; the figures (see the module docstring).
+    fault: called args.kill_at seconds into the phase (kills one engine and one sandbox server)."""
     from swe_megatron.config.schema import RunConfig
     from swe_megatron.pipeline.metrics import rollout_metrics
     from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
@@ -164,6 +164,9 @@ def run_level(
     monitor = Monitor(out / "tb", progress=False)
     base = Probe.sample()
     cpu0, t0 = time.process_time(), time.perf_counter()
+    timer = threading.Timer(args.kill_at, fault) if fault is not None and args.kill_at > 0 else None
+    if timer is not None:
+        timer.start()
     try:
         with Probe() as probe:
             trajs, stats = rollouts.run([task], episodes, rollouts.limits(stage), out / "rollout")
@@ -174,6 +177,8 @@ def run_level(
             monitor.histogram("episode/tokens_hist", [len(t.token_ids) for t in trajs], 0)
             monitor.flush()
     finally:
+        if timer is not None:
+            timer.cancel()
         monitor.close()
         sandboxes.close()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
@@ -215,6 +220,12 @@ def run_level(
         "context_mean": round(statistics.fmean(lengths)) if lengths else 0,
         "context_max": max(lengths, default=0),
         "resolved": stats.resolved,
+        "distinct_samples": len({t.sample_index for t in trajs}),
+        "retries": stats.retries,
+        "faults": {
+            "engines_out": len(inner.rotation.dead),
+            "sandbox_servers_out": len(sandboxes.rotation.dead),
+        },
         "infra_failures": stats.infra_failures,
         "drifted": stats.drifted,
         "exit_reasons": dict(stats.exit_reasons),
@@ -236,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
         "--context", type=int, default=65536, help="context limit (stage 1: 65536, stage 2: 131072)"
     )
     p.add_argument("--turn-model", default="{}", help="TurnModel fields as JSON (tools/standin_vllm.py)")
+    p.add_argument("--kill-at", type=float, default=0.0, help="seconds into each level: SIGKILL one stand-in "
+                   "engine and one sandbox server (the first of each still alive); 0: no fault")  # fmt: skip
     p.add_argument("--json", default="", help="write the figures here")
     p.add_argument(
         "--work",
@@ -266,8 +279,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for level in args.levels:
             episodes = args.episodes_per_level or 2 * level
+
+            def fault() -> None:
+                next(p for p in standins if p.poll() is None).kill()
+                next(s for s in servers if s.proc.poll() is None).kill()
+                print(
+                    f"fault: killed one stand-in engine and one sandbox server at {args.kill_at:g} s",
+                    flush=True,
+                )
+
             r = run_level(level, episodes, args, standins, [s.url for s in servers], sandbox_servers.TOKEN, task,
-                          work / f"level-{level}")  # fmt: skip
+                          work / f"level-{level}", fault)  # fmt: skip
             print(json.dumps(r), flush=True)
             results.append(r)
     finally:
