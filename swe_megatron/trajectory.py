@@ -10,7 +10,7 @@ assistant turn so that malformed turns can be masked for RFT. A trajectory round
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -166,8 +166,9 @@ class Trajectory:
             raise ValueError(f"{where}: malformed_turns={self.malformed_turns} index a missing turn")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the enum as its string value)."""
-        out = asdict(self)
+        """A JSON-ready dict (the enum as its string value). Shallow: its lists are the trajectory's own (what
+        dataclasses.asdict would deep-copy, ~4 ms per turn of a long episode in the rollout's collector)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["exit_reason"] = self.exit_reason.value
         return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from swe_megatron.config.capacity import derive, idle_warnings
 from swe_megatron.config.schema import RunConfig
 from swe_megatron.config.validate import validate
 
@@ -27,6 +29,10 @@ CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 class ConfigError(ValueError):
     """A config the user wrote is wrong; the message names the key and the fix."""
+
+
+class CapacityWarning(UserWarning):
+    """A config that runs but leaves most of its cluster idle (config/capacity.py idle_warnings)."""
 
 
 def find_preset(name: str) -> Path:
@@ -164,11 +170,14 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Dic
         raise ConfigError(
             f"{path}: cannot resolve interpolation at {getattr(e, 'full_key', '?')}: {e.msg}"
         ) from None
+    derive(cfg)
     problems = validate(cfg)
     if problems:
         raise ConfigError(
             f"{path}: " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
         )
+    for message in idle_warnings(cfg):
+        warnings.warn(f"{path.name}: {message}", CapacityWarning, stacklevel=2)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

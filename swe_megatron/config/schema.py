@@ -334,6 +334,9 @@ class EngineConfig:
     """vLLM servers; trajectories are routed stickily to one server each."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM server."""
+    episodes_per_server: int = 0
+    """Episodes one server keeps busy at once (about its running batch at the stage's contexts, `swe-megatron
+    plan PRESET` estimates what its KV cache holds); sizes agent.concurrency=0 and the idle warning; 0: not stated."""
     gpu_memory_utilization: float = 0.85
     """Fraction of GPU memory vLLM may use."""
     cpu_kvcache_gib: int = 2
@@ -516,7 +519,8 @@ class AgentConfig:
     max_consecutive_format_errors: int = 0
     """End the episode (format_limit) after this many malformed turns in a row; 0 never does (the paper)."""
     concurrency: int = 4
-    """Episodes the rollout manager runs at once."""
+    """Episodes the rollout manager runs at once; 0: derived from the cluster, min(engine.num_servers x
+    episodes_per_server, sandbox.max_concurrent x cluster.nodes) (config/capacity.py)."""
     partial_rollouts: bool = True
     """When weights change mid-episode (algo.max_staleness >= 1): true = the episode goes on at its next turn
     with the new weights (never mid-turn); false = the update waits for the episodes in flight to end, so
@@ -538,7 +542,7 @@ class AgentConfig:
     prewarm_sandboxes: int = 2
     """Episode sandboxes started ahead of need, on background threads, for the next episodes in the queue
     (each still a fresh sandbox of its own, and with prewarm_grading its grading sandbox too); 0: each
-    sandbox starts when its episode does. On sandbox servers, sandboxes started ahead only take slots beyond
+    sandbox starts when its episode does; -1: the sandbox slots the running episodes leave (config/capacity.py). On sandbox servers, sandboxes started ahead only take slots beyond
     the `concurrency` kept for the running episodes and never wait for one (else they are skipped, counted in
     the rollout's prewarm stats): there is room for them when sandbox.max_concurrent x servers >= (concurrency
     + prewarm_sandboxes) x (1 + prewarm_grading), but for slots still held by sandboxes stopping meanwhile."""

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
+from swe_megatron.config.capacity import sandbox_slots
 from swe_megatron.config.schema import (
     RL_STAGE_NAMES,
     SCHEDULE_NAMES,
@@ -257,15 +258,22 @@ def _agent_problems(cfg: Any) -> list[str]:
     if a.concurrency < 1 or a.infra_retries < 0 or a.prewarm_sandboxes < 0:
         out.append(
             f"agent.concurrency={a.concurrency} / infra_retries={a.infra_retries} / prewarm_sandboxes="
-            f"{a.prewarm_sandboxes} are invalid; allowed: concurrency >= 1, infra_retries >= 0, prewarm_sandboxes >= 0"
+            f"{a.prewarm_sandboxes} are invalid; allowed: concurrency >= 1 (0: derived from the cluster), "
+            "infra_retries >= 0, prewarm_sandboxes >= 0 (-1: derived from the spare sandbox slots)"
         )
     nodes = max(1, cfg.cluster.nodes)
-    slots = cfg.sandbox.max_concurrent * nodes  # one sandbox server per node
+    slots = sandbox_slots(cfg)
     if a.concurrency > slots:
         out.append(
             f"agent.concurrency={a.concurrency} is invalid; allowed: at most sandbox.max_concurrent x cluster.nodes "
             f"({cfg.sandbox.max_concurrent} x {nodes} = {slots}): each running episode needs a sandbox "
-            "slot, and an episode finding none waits, then is refused (an infrastructure failure)"
+            "slot, and an episode finding none waits, then is refused (an infrastructure failure); "
+            "agent.concurrency=0 derives it from the cluster"
+        )
+    if cfg.engine.episodes_per_server < 0:
+        out.append(
+            f"engine.episodes_per_server={cfg.engine.episodes_per_server} is invalid; allowed: an integer >= 0 "
+            "(0: not stated)"
         )
     for key in ("episode_timeout_s", "rollout_timeout_s"):
         if not getattr(a, key) >= 0:

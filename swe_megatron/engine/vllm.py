@@ -4,13 +4,22 @@ Every request spells out unbiased sampling (temperature 1, top-p 1, top-k off, m
 so nothing a server or model default says can truncate the distribution (paper-spec.md, decoding finding;
 design.md invariant 3). Servers must be started with `--generation-config vllm` (see vllm_server.py).
 Many servers behind one engine, with sticky sessions, are rollout/routing.py's RoutedEngine.
+
+At scale (a thousand episodes, contexts to 131k tokens) the completion path avoids work that grows with the
+context on every turn: HTTP/1.1 connections to the server are kept and reused (`Connections`), and a
+session's prompt is serialised once and extended by its new tokens each turn (`PromptJson`): an episode's
+prompt only grows, and the ids it already sent are not formatted again (tools/sim_scale.py measures both).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import queue
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from swe_megatron.config.schema import SamplingConfig
@@ -78,6 +87,98 @@ def post_json(url: str, body: dict, timeout_s: float) -> dict | None:
     return json.loads(raw) if raw.strip() else None
 
 
+class Connections:
+    """Kept-alive HTTP/1.1 connections to one server, shared by the threads that call it: a request takes an
+    idle one (or opens one), and gives it back once its answer is read; a failed one is closed."""
+
+    def __init__(self, url: str, timeout_s: float):
+        parts = urllib.parse.urlsplit(url)
+        self.url, self.host, self.port, self.timeout_s = url, parts.hostname, parts.port or 80, timeout_s
+        self._idle: queue.SimpleQueue[http.client.HTTPConnection] = queue.SimpleQueue()
+
+    def post(self, path: str, data: bytes) -> dict | None:
+        """POST JSON bytes, parse the answer; any failure is an EngineError naming the url. A kept connection
+        the server closed meanwhile is retried once on a new one (nothing was answered on it)."""
+        for attempt in (0, 1):
+            conn = self._take(fresh=attempt > 0)
+            try:
+                conn.request("POST", path, data, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                stale = isinstance(e, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError)
+                if stale and conn.reused and attempt == 0:
+                    continue  # a kept connection the server had closed: once more on a new one
+                raise EngineError(f"{self.url}{path}: {e}; is the vLLM server running?") from e
+            if resp.will_close:
+                conn.close()
+            else:
+                conn.reused = True
+                self._idle.put(conn)
+            if resp.status != 200:
+                raise EngineError(
+                    f"{self.url}{path}: HTTP {resp.status}: {raw[:500].decode('utf-8', 'replace')}"
+                )
+            return json.loads(raw) if raw.strip() else None
+        raise AssertionError("unreachable")
+
+    def _take(self, fresh: bool) -> http.client.HTTPConnection:
+        if not fresh:
+            try:
+                return self._idle.get_nowait()
+            except queue.Empty:
+                pass
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        conn.reused = False
+        return conn
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+class PromptJson:
+    """Each session's prompt as JSON text, extended by the new ids each turn instead of formatted whole: the
+    ids sent last time are checked to be the new prompt's prefix (a list comparison, no formatting), else the
+    prompt is formatted afresh. end() forgets a session."""
+
+    def __init__(self):
+        self._sessions: dict[str, tuple[list[int], str]] = {}
+        self._lock = threading.Lock()
+
+    def text(self, session: str, prompt_ids: list[int]) -> str:
+        """The JSON array of prompt_ids without its brackets ("1, 2, 3")."""
+        with self._lock:
+            sent, text = self._sessions.get(session, ([], ""))
+        n = len(sent)
+        if session and 0 < n <= len(prompt_ids) and prompt_ids[:n] == sent:
+            new = prompt_ids[n:]
+            if new:
+                text += ", " + json.dumps(list(new))[1:-1]
+        else:
+            text = json.dumps(list(prompt_ids))[1:-1]
+        if session:
+            with self._lock:
+                self._sessions[session] = (list(prompt_ids), text)
+        return text
+
+    def end(self, session: str) -> None:
+        """Forget a session's prompt."""
+        with self._lock:
+            self._sessions.pop(session, None)
+
+
+def completion_bytes(body: dict, prompt_text: str) -> bytes:
+    """The JSON bytes of a completion_body whose prompt is the array `[prompt_text]` (json.dumps's layout)."""
+    head, tail = json.dumps({**body, "prompt": []}).split('"prompt": []', 1)
+    return f'{head}"prompt": [{prompt_text}]{tail}'.encode()
+
+
 def reset_prefix_cache(url: str, timeout_s: float, attempts: int = 5, delay_s: float = 0.5) -> None:
     """Drop a server's cached KV blocks (computed by the old weights), retrying with doubling waits.
 
@@ -115,14 +216,21 @@ class VllmEngine:
         self.sampling = sampling
         self.stop_token_ids = stop_token_ids
         self.timeout_s = timeout_s
+        self.connections = Connections(self.url, timeout_s)
+        """Kept-alive connections to the server."""
+        self.prompts = PromptJson()
+        """Each session's prompt as JSON, extended turn by turn."""
 
     def end_session(self, session: str) -> None:
-        """Nothing to release: one server keeps no routing."""
+        """Forget the session's prompt."""
+        self.prompts.end(session)
 
     def generate(self, prompt_ids: list[int], max_tokens: int, session: str = "") -> Generation:
-        """One turn on the server (session is the routing key of RoutedEngine; unused here)."""
-        body = completion_body(self.model, prompt_ids, max_tokens, self.sampling, self.stop_token_ids)
-        data = post_json(f"{self.url}/v1/completions", body, self.timeout_s)
+        """One turn on the server (session: the episode, whose prompt grows turn by turn; see PromptJson)."""
+        body = completion_body(self.model, [], max_tokens, self.sampling, self.stop_token_ids)
+        data = self.connections.post(
+            "/v1/completions", completion_bytes(body, self.prompts.text(session, prompt_ids))
+        )
         if data is None:
             raise EngineError(f"{self.url}: empty completion response")
         return parse_completion(data)

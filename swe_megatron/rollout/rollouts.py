@@ -20,6 +20,22 @@ grading still gets a sandbox of its own, and nothing started here outlives run_r
 On sandbox servers with limited slots a sandbox started ahead takes only a slot the running episodes cannot
 need (agent.concurrency of them stay free for their own sandboxes and gradings) and never waits for one;
 without such a slot it is skipped (`RolloutStats.prewarm["skipped"]`) and the sandbox starts when needed.
+
+Concurrency model (all in the caller's process; rank 0 in training):
+- `agent.concurrency` episode threads ("episode-N", one ThreadPoolExecutor per call) each run rollout_one for
+  one job at a time: its sandbox start, every turn (a blocking generate() on the session's engine server, then
+  a blocking sandbox exec), the provenance check, grading. Episodes in flight = agent.concurrency, bounded by
+  the sandbox slots (config/validate.py) and, on the engines, by nothing here (each server queues).
+- The caller's thread (_collect) records finished trajectories (JSONL, counts, progress) and enforces the
+  rollout deadline; it never runs an episode.
+- Per sandbox pool (sandbox/prewarm.py): up to 4 "-warm" threads start sandboxes ahead of need, 2 "-reap"
+  threads stop finished ones; per episode with a deadline, one threading.Timer that stops its sandbox.
+- Connections: to each engine server a pool of kept HTTP/1.1 connections (engine/vllm.py `Connections`, at
+  most one per request in flight); to each sandbox server one connection per episode thread (thread-local,
+  sandbox/client.py) plus one session-holding thread per server.
+- Shared state behind locks: routing (rollout/routing.py Rotation, a Condition), the prompt-JSON cache
+  (PromptJson), the tokenizer's small LRU caches. Everything else an episode touches is its own.
+tools/sim_scale.py measures what this costs per turn and per episode in flight (docs/benchmarks.md, "Scale").
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""`swe-megatron plan --model PRESET --context N --gpus N`: trainer layouts and their memory per GPU.
+"""`swe-megatron plan [PRESET] [--model PRESET --context N --gpus N]`: trainer layouts and their memory per GPU,
+weight-sync time, and (given a run preset) the rollout phase of one iteration of each stage.
 
 Lists every valid TP x PP x CP x DP layout for the model at that context length on that many trainer GPUs,
 with estimated GiB per GPU (weights, fp32 grads, Adam state with and without the distributed optimizer,
 activations with the chosen recomputation) and flags those that do not fit; the first row is the
 recommended layout. Then the seconds of one weight update to the engines by file and by broadcast
 (`estimate_sync`; servers and pipeline stages from a run preset, bandwidths from the flags). The assumptions
-are in `swe_megatron/train/memory_plan.py`.
+are in `swe_megatron/train/memory_plan.py`. With a run preset (`swe-megatron plan paper-72b`) --model, --context
+and --gpus default to it (the model, its longest stage context, parallel.world_size), and the rollout phase of
+each stage follows (rollout/plan.py; every assumption a flag).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from swe_megatron.config import ConfigError
 from swe_megatron.config.load import find_preset, load_config
-from swe_megatron.config.schema import ModelConfig, Recompute
+from swe_megatron.config.schema import STAGE_NAMES, ModelConfig, Recompute
+from swe_megatron.errors import UsageError
+from swe_megatron.rollout.plan import RolloutAssumptions, format_phases
 from swe_megatron.train.memory_plan import estimate_sync, format_table, plan_layouts
 
 
@@ -71,7 +76,34 @@ def _print_sync(args: argparse.Namespace, model: ModelConfig) -> None:
     )
 
 
+def _from_preset(args: argparse.Namespace):
+    """The run preset of args (None without one), with --model/--context/--gpus filled in from it."""
+    if args.preset is None:
+        if args.model is None or args.context is None or args.gpus is None:
+            raise UsageError(
+                "give a run preset (swe-megatron plan paper-72b) or --model, --context and --gpus"
+            )
+        return None
+    cfg = load_config(args.preset)
+    args.model = args.model or args.preset
+    stages = [s for s in cfg.schedule if s in STAGE_NAMES]
+    args.context = args.context or max([cfg[s].context_length for s in stages] or [cfg.eval.context_length])
+    args.gpus = args.gpus or cfg.parallel.world_size
+    return cfg
+
+
+def _assumptions(args: argparse.Namespace) -> RolloutAssumptions:
+    return RolloutAssumptions(
+        turns_fraction=args.turns_fraction, first_prompt_tokens=args.first_prompt_tokens,
+        gen_tokens_per_turn=args.gen_tokens, obs_tokens_per_turn=args.obs_tokens, decode_tps=args.decode_tps,
+        prefill_tps=args.prefill_tps, tool_s=args.tool_s, gpu_gib=args.gpu_gib, prefix_cache=not args.no_prefix_cache,
+    )  # fmt: skip
+
+
 def _plan(args: argparse.Namespace) -> int:
+    cfg = _from_preset(args)
+    if cfg is not None:
+        print(format_phases(cfg, _assumptions(args)))
     model = load_model_preset(args.model)
     _print_sync(args, model)
     layouts = plan_layouts(
@@ -108,12 +140,15 @@ def _plan(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the plan subcommand."""
-    p = sub.add_parser("plan", help="trainer layouts (TP/PP/CP/DP) with estimated memory per GPU")
-    p.add_argument(
-        "--model", required=True, help="run preset (paper-72b) or model preset (qwen2.5-72b-instruct)"
+    p = sub.add_parser(
+        "plan", help="trainer layouts (TP/PP/CP/DP) with memory per GPU, weight sync, rollout phase per stage"
     )
-    p.add_argument("--context", type=int, required=True, help="tokens per sequence (e.g. 131072)")
-    p.add_argument("--gpus", type=int, required=True, help="trainer GPUs in all")
+    p.add_argument(
+        "preset", nargs="?", help="run preset (paper-72b): defaults for the three below + rollout phase"
+    )
+    p.add_argument("--model", help="run preset (paper-72b) or model preset (qwen2.5-72b-instruct)")
+    p.add_argument("--context", type=int, help="tokens per sequence (e.g. 131072)")
+    p.add_argument("--gpus", type=int, help="trainer GPUs in all")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node; TP stays within a node")
     p.add_argument("--gpu-gib", type=float, default=140.0, help="memory per GPU in GiB (H200: 140)")
     p.add_argument("--recompute", choices=[r.value for r in Recompute], default="full")
@@ -137,5 +172,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--nic-gbps", type=float, default=50.0, help="weight sync: GB/s of one NIC (400 Gb/s IB: 50)"
+    )
+    a = RolloutAssumptions()
+    g = p.add_argument_group("rollout phase assumptions (with a run preset)")
+    g.add_argument("--turns-fraction", type=float, default=a.turns_fraction, help="mean turns / t_max")
+    g.add_argument(
+        "--first-prompt-tokens", type=int, default=a.first_prompt_tokens, help="first prompt tokens"
+    )
+    g.add_argument("--gen-tokens", type=int, default=a.gen_tokens_per_turn, help="tokens generated per turn")
+    g.add_argument(
+        "--obs-tokens", type=int, default=a.obs_tokens_per_turn, help="observation tokens per turn"
+    )
+    g.add_argument("--decode-tps", type=float, default=a.decode_tps, help="tokens/s one server generates")
+    g.add_argument("--prefill-tps", type=float, default=a.prefill_tps, help="tokens/s one server prefills")
+    g.add_argument("--tool-s", type=float, default=a.tool_s, help="seconds per sandbox command")
+    g.add_argument(
+        "--no-prefix-cache", action="store_true", help="engines prefill every turn's whole context"
     )
     p.set_defaults(func=_plan)

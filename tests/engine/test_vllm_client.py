@@ -69,12 +69,15 @@ def test_parse_completion():
 class Stub:
     """An HTTP server that records requests and answers like vLLM's /v1/completions."""
 
-    def __init__(self, resets=None, root="/runs/other/engine/model"):
+    def __init__(self, resets=None, root="/runs/other/engine/model", keep_alive=False, hang_up=False):
         self.requests = []
+        self.peers = []  # the client's (host, port) of each request: one per connection it used
         self.resets = list(resets or [])  # /reset_prefix_cache answers in turn ({"success": ...}), then true
         stub = self
 
         class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
             def do_GET(self):  # /health, and /v1/models naming the folder the server was started from
                 data = (
                     b""
@@ -89,6 +92,8 @@ class Stub:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 stub.requests.append((self.path, body))
+                stub.peers.append(self.client_address)
+                self.close_connection = hang_up  # closes a connection it said it would keep (idle timeout)
                 data = b""
                 if self.path == "/v1/completions":
                     data = json.dumps(response([7, 151645], [-0.5, -0.1])).encode()
@@ -128,6 +133,35 @@ def test_one_server_client_sends_the_exact_body_and_reload_routes():
     a.httpd.shutdown()
     with pytest.raises(EngineError, match="is the vLLM server running"):
         VllmEngine(a.url, "policy", SamplingConfig(), [1], timeout_s=2).generate([1], 4)
+
+
+def test_completions_reuse_one_kept_connection_and_send_each_prompt_exactly():
+    a = Stub(keep_alive=True)
+    eng = VllmEngine(a.url, "policy", SamplingConfig(), [151645], timeout_s=5)
+    prompts = [
+        [1, 2],
+        [1, 2, 7, 151645, 30],
+        [1, 2, 7, 151645, 30, 7, 151645, 31],
+        [5, 2, 7, 151645, 30, 7, 9, 9, 9],
+    ]
+    for p in prompts[:3]:
+        eng.generate(p, 8, session="ep1")
+    eng.generate(prompts[3], 8, session="ep1")  # not an extension of the last prompt: formatted afresh
+    assert [body["prompt"] for _, body in a.requests] == prompts
+    assert [body for _, body in a.requests][1] == completion_body(
+        "policy", prompts[1], 8, SamplingConfig(), [151645]
+    )
+    assert len(set(a.peers)) == 1  # one connection for all four
+    eng.end_session("ep1")
+    assert eng.prompts.text("ep1", [3]) == "3"
+
+
+def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one():
+    a = Stub(keep_alive=True, hang_up=True)
+    eng = VllmEngine(a.url, "policy", SamplingConfig(), [151645], timeout_s=5)
+    for n in range(3):
+        assert eng.generate([1] * (n + 1), 8, session="s").token_ids == [7, 151645]
+    assert len(a.requests) == 3 and len(set(a.peers)) == 3
 
 
 def test_reload_retries_a_refused_prefix_cache_reset_and_fails_clearly_when_it_stays_stale():
