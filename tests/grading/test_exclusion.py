@@ -7,22 +7,21 @@ control run (empty patch, fresh sandbox) fails the same way.
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_task import F2P, GOLD_PATCH, P2P
+from tiny_task import F2P, GOLD_PATCH, P2P, TEST_CLAMP
 from tiny_task import unbuilt_task as make_task
 
+from swe_megatron.grading import canaries as canary_tests
+from swe_megatron.grading.canaries import Canaries
 from swe_megatron.grading.exclusion import Phase, deadline_excluded, excludable, needs_control
 from swe_megatron.grading.grader import (
     ERROR,
     RESOLVED,
     UNRESOLVED,
-    Canaries,
     Excluded,
-    check_canaries,
     grade_one,
     parse_record,
 )
@@ -35,10 +34,12 @@ class FakeSandbox:
     files from `outcomes` (test id -> PASSED/FAILED, canaries added by the grader's own names) or `files`."""
 
     made: list[FakeSandbox] = []
+    planted: list[Canaries] = []
+    """The canaries the grader drew (canaries.plant is wrapped by the autouse fixture below)."""
 
     def __init__(self, outcomes, fail=None, timeout=False, files=None, fail_control=False):
         self.outcomes, self.fail, self.timeout, self.files = dict(outcomes), fail, timeout, dict(files or {})
-        self.fail_control, self.written, self.patched = fail_control, {}, False
+        self.fail_control, self.written, self.patched, self.canary_ids = fail_control, {}, False, set()
         FakeSandbox.made.append(self)
 
     def start(self):
@@ -58,20 +59,22 @@ class FakeSandbox:
         if self.fail == "write":
             raise SandboxError("the sandbox's disk is gone")
         self.written[path] = data
-        if path.endswith("canary.py"):  # the canaries the grader drew: report them as an honest run would
-            a, b = re.findall(r"def (test_\w+)", data.decode())
-            file = F2P[0].split("::")[0]
-            self.outcomes.setdefault(f"{file}::{a}", "PASSED")
-            self.outcomes.setdefault(f"{file}::{b}", "FAILED")
+        if path.endswith("/canaried"):  # the canaries the grader drew: report them as an honest run would
+            expected = FakeSandbox.planted[-1].expected
+            self.canary_ids |= set(expected)
+            for node, want in expected.items():
+                self.outcomes.setdefault(node, want)
 
     def read_file(self, path, max_bytes=None):
         name = path.rsplit("/", 1)[-1]
         if name in self.files:
             data = self.files[name]
+        elif path == F2P[0].split("::")[0]:  # the canary file, as the test patch restored it
+            data = TEST_CLAMP.encode()
         elif name == "exit_code":
             data = (
                 b"0\n"
-                if all(v == "PASSED" for k, v in self.outcomes.items() if "canary" not in k)
+                if all(v == "PASSED" for k, v in self.outcomes.items() if k not in self.canary_ids)
                 else b"1\n"
             )
         elif name == "test_output.txt":
@@ -88,6 +91,18 @@ class FakeSandbox:
 
 PASS = {t: "PASSED" for t in F2P + P2P}
 FAIL = {**PASS, F2P[0]: "FAILED"}
+
+
+@pytest.fixture(autouse=True)
+def _record_planted(monkeypatch):
+    FakeSandbox.planted = []
+    plant = canary_tests.plant
+
+    def recording(*args, **kwargs):
+        FakeSandbox.planted.append(plant(*args, **kwargs))
+        return FakeSandbox.planted[-1]
+
+    monkeypatch.setattr(canary_tests, "plant", recording)
 
 
 def grade(tmp_path, outcomes, **fake):
@@ -115,7 +130,7 @@ def test_a_sandbox_failure_before_the_patch_is_excluded_as_sandbox(tmp_path, whe
     [
         ("PYTEST_PLUGINS", False, "sandbox"),  # the sandbox dies while the tests run
         ("test.diff", True, "harness_step"),  # restoring the tests times out
-        ("canary.py", False, "sandbox"),  # appending the canaries
+        ("canaried", False, "sandbox"),  # planting the canaries
     ],
 )
 def test_a_failure_after_the_patch_is_excluded_only_when_the_control_fails_the_same_way(
@@ -191,13 +206,13 @@ def test_a_patch_over_the_size_cap_is_unresolved_without_a_sandbox(tmp_path):
 
 def test_check_canaries_names_the_forged_must_fail_canary():
     """(GR1) `forged` comes from the must-fail canary reported passing, not from the must-pass one missing."""
-    c = Canaries("t.py")
-    ok, bad = c.expected().items()
+    c = Canaries("t.py", "", {"t.py::test_a": "PASSED", "t.py::test_b": "FAILED"})
+    ok, bad = c.expected.items()
     passing_missing = {bad[0]: "FAILED"}
-    wrong, forged = check_canaries(c, passing_missing, {"tests": passing_missing})
+    wrong, forged = canary_tests.check(c, passing_missing, {"tests": passing_missing})
     assert wrong and not forged
     flipped = {ok[0]: "PASSED", bad[0]: "PASSED"}
-    wrong, forged = check_canaries(c, flipped, {"tests": {ok[0]: "PASSED", bad[0]: "FAILED"}})
+    wrong, forged = canary_tests.check(c, flipped, {"tests": {ok[0]: "PASSED", bad[0]: "FAILED"}})
     assert len(wrong) == 1 and forged
 
 
@@ -208,7 +223,7 @@ def test_a_forged_canary_flags_tampered_even_when_the_run_failed(tmp_path):
     class Flipping(FakeSandbox):
         def write_file(self, path, data):
             super().write_file(path, data)
-            if path.endswith("canary.py"):
+            if path.endswith("/canaried"):
                 self.outcomes = {
                     k: "PASSED" if "::test_" in k and k not in FAIL else v for k, v in self.outcomes.items()
                 }
