@@ -65,6 +65,34 @@ def test_engine_step_on_nodes_9_to_16_finds_its_own_node(nodename):
         assert env.hostnames == tuple(JOB_NODES)
 
 
+def test_slurmd_nodename_wins_over_the_step_list():
+    """SLURMD_NODENAME names the node slurmd started the task on; where the step list at SLURM_NODEID names
+    another node (an environment carried over from another step), the task's node is SLURMD_NODENAME."""
+    env = step_env(3, "n[9-16]", 9, 8, "2(x8)", 16, [2] * 8)
+    assert env["SLURMD_NODENAME"] == "n10"  # the node the step list gives too
+    env["SLURMD_NODENAME"] = "n13"
+    assert SlurmEnv.from_environ(env).hostname == "n13"
+
+
+def test_uneven_trainer_ranks_take_a_ceiling_per_node_and_one_gpu_each(tmp_path):
+    """9 ranks on 2 nodes of 8 GPUs: 5 per node at most (srun: --ntasks wins, --ntasks-per-node is a maximum),
+    so 5 + 4; each node's step asks for those 5 GPUs, not the node's 8. 48 ranks on 8 nodes: 6 each."""
+    base = [f"run_dir={tmp_path}/run", "parallel.tensor_parallel=1", "parallel.sequence_parallel=false"]
+    for ranks, nodes, per_node in ((9, 2, 5), (48, 8, 6)):
+        cfg = load_config(
+            "paper-72b", [*base, f"parallel.world_size={ranks}", f"cluster.trainer_nodes={nodes}"]
+        )
+        lay = job_layout(cfg, JOB_NODES, "77", cpus_per_node=32)
+        assert (lay.trainer_tasks, lay.trainer_tasks_per_node) == (ranks, per_node)
+        trainer = _opts(lay.srun_options("trainer"))
+        assert (trainer["nodes"], trainer["ntasks"], trainer["ntasks-per-node"]) == (
+            str(nodes),
+            str(ranks),
+            str(per_node),
+        )
+        assert trainer["gpus-per-node"] == str(per_node) and trainer["cpus-per-task"] == str(32 // per_node)
+
+
 def test_trainer_step_local_world_size_is_this_nodes_task_count():
     """12 ranks on n[1-2] (8 + 4): a rank on the second node has 4 ranks beside it, not the first node's 8."""
     for procid in range(12):
@@ -92,10 +120,11 @@ def test_paper_steps_place_each_role_with_its_own_cpus_and_gpus(tmp_path):
     assert sandbox == {"overlap": "", "nodes": "16", "ntasks": "16", "ntasks-per-node": "1",
                        "nodelist": ",".join(JOB_NODES), "cpus-per-task": "32", "gpus-per-node": "0", "mem": "0"}  # fmt: skip
     assert engine == {"overlap": "", "nodes": "8", "ntasks": "16", "ntasks-per-node": "2",
-                      "nodelist": ",".join(JOB_NODES[8:]), "cpus-per-task": "16", "gpus-per-task": "4",
-                      "mem": "0"}  # fmt: skip
+                      "nodelist": ",".join(JOB_NODES[8:]), "cpus-per-task": "16", "gpus-per-node": "8",
+                      "gpu-bind": "per_task:4", "mem": "0"}  # fmt: skip
     assert trainer == {"overlap": "", "nodes": "8", "ntasks": "64", "ntasks-per-node": "8",
-                       "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8", "mem": "0"}  # fmt: skip
+                       "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8",
+                       "gpu-bind": "none", "mem": "0"}  # fmt: skip
     with pytest.raises(LaunchError, match=r"8 trainer ranks .* per node .* 4 CPU"):
         job_layout(cfg, JOB_NODES, "77", cpus_per_node=4)
 
