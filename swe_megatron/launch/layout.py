@@ -16,8 +16,11 @@ job's GPUs on its nodes). GPUs: every step asks with --gpus-per-node, which over
 a second count such as --gpus-per-task, and binds explicitly (--gpu-bind), so a site's or user's
 SLURM_GPU_BIND does not change what a task sees (tests/launch/test_gpu_requests.py models srun(1) and
 sbatch(1) of Slurm 22.05 and checks every layout `swe-megatron plan` proposes):
-- trainer: --gpus-per-node=RANKS_PER_NODE --gpu-bind=none: one GPU per rank, all of them visible to every
-  rank of the node (a rank picks LOCAL_RANK; NCCL keeps peer access between them);
+- trainer: --gpus-per-node=R --gpu-bind=mask_gpu:(2^R - 1) for R ranks on a node: one GPU per rank, all R
+  visible to every rank of the node (a rank picks LOCAL_RANK; NCCL keeps peer access between them). Not
+  --gpu-bind=none: on Slurm 22.05 that leaves CUDA_VISIBLE_DEVICES unset (every GPU of the node visible),
+  measured on tools/slurm_up.sh's cluster; the mask gives CUDA_VISIBLE_DEVICES=0..R-1 as the default does.
+  (Mask bits are the node's GPU ids, the step's own GPUs on the trainer's --exclusive nodes.)
 - engine: --gpus-per-node=SERVERS_PER_NODE x TP --gpu-bind=per_task:TP: each vLLM server sees only its own
   tensor-parallel GPUs (per_task assigns them in order: CUDA_VISIBLE_DEVICES holds that server's TP GPUs);
 - sandbox: --gpus-per-node=0 (--gres=none is refused as an invalid TRES request next to the inherited
@@ -93,7 +96,7 @@ class JobLayout:
             nodes, tasks, per_node = self.trainer_nodes, self.trainer_tasks, self.trainer_tasks_per_node
             cpus = self.cpus_per_node // per_node
             gpus = (
-                [f"--gpus-per-node={per_node}", "--gpu-bind=none"]
+                [f"--gpus-per-node={per_node}", f"--gpu-bind=mask_gpu:{(1 << per_node) - 1:#x}"]
                 if self.gpus_per_node
                 else ["--gpus-per-node=0"]
             )

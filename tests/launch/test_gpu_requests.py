@@ -11,7 +11,11 @@ What the check models, each sentence from those man pages:
 - srun(1) --gpus-per-task: "will implicitly set --gpu-bind=per_task:<gpus_per_task>"; --gpu-bind: "By
   default every spawned task can access every GPU allocated to the step"; none: "Do not bind tasks to
   GPUs"; per_task:<n>: "Each task will be bound to the number of gpus specified in <gpus_per_task>. Gpus are
-  assigned in order to tasks"; "GPU binding is ignored if there is only one task".
+  assigned in order to tasks"; mask_gpu:<list>: "the lowest task ID on each node is mapped to the first mask
+  specified in the list", the list "reused as needed"; "GPU binding is ignored if there is only one task".
+- Measured on tools/slurm_up.sh's cluster (22.05.8, 2 fake GPUs per node, 2 tasks, --gpus-per-node=2): no
+  --gpu-bind gives both tasks CUDA_VISIBLE_DEVICES=0,1; none leaves it unset (the node's every GPU visible);
+  per_task:1 gives 0 and 1; mask_gpu:0x3 gives 0,1 to both; --gpus-per-task=1 gives 0 and 1.
 - srun(1) --ntasks-per-node: "If used with the --ntasks option, the --ntasks option will take precedence and
   the --ntasks-per-node will be treated as a maximum count of tasks per node."
 
@@ -44,6 +48,7 @@ INHERITED = {
     "--ntasks-per-node": "SLURM_NTASKS_PER_NODE",
 }
 GPU_COUNTS = ("--gpus", "--gpus-per-node", "--gpus-per-task")
+NODE_GPUS = 8  # cluster/h200-16x8
 
 
 def _options(argv) -> dict[str, str]:
@@ -72,8 +77,13 @@ def visible_gpus(opts: dict[str, str]) -> list[list[int]]:
     ((count,),) = [[k for k in GPU_COUNTS if k in opts]]
     gpus = per_node[count](int(opts[count]))
     bind = opts.get("--gpu-bind", f"per_task:{opts[count]}" if count == "--gpus-per-task" else "none")
-    if bind == "none" or tasks == 1:
-        return [list(range(gpus))] * tasks
+    if tasks == 1:
+        return [list(range(gpus))]
+    if bind.startswith("mask_gpu:"):  # one mask, reused for every task of the node
+        mask = int(bind.removeprefix("mask_gpu:"), 16)
+        return [[i for i in range(mask.bit_length()) if mask >> i & 1]] * tasks
+    if bind == "none":  # no CUDA_VISIBLE_DEVICES at all: every GPU of the node (measured on 22.05)
+        return [list(range(NODE_GPUS))] * tasks
     n = int(bind.removeprefix("per_task:"))
     return [list(range(t * n, (t + 1) * n)) for t in range(tasks)]
 

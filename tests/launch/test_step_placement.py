@@ -124,7 +124,7 @@ def test_paper_steps_place_each_role_with_its_own_cpus_and_gpus(tmp_path):
                       "gpu-bind": "per_task:4", "mem": "0"}  # fmt: skip
     assert trainer == {"overlap": "", "nodes": "8", "ntasks": "64", "ntasks-per-node": "8",
                        "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8",
-                       "gpu-bind": "none", "mem": "0"}  # fmt: skip
+                       "gpu-bind": "mask_gpu:0xff", "mem": "0"}  # fmt: skip
     with pytest.raises(LaunchError, match=r"8 trainer ranks .* per node .* 4 CPU"):
         job_layout(cfg, JOB_NODES, "77", cpus_per_node=4)
 
@@ -171,11 +171,12 @@ def test_every_srun_in_common_sh_places_its_step_explicitly(tmp_path):
 
 @pytest.mark.slurm
 def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_path):
-    """On tools/slurm_up.sh's cluster: `job-step init` in a batch job, then the sandbox and trainer steps
-    with the layout's options at once (2 trainer ranks on the node's 2 fake GPUs): both run together, each
-    task knows its node, the trainer ranks see both GPUs and the sandbox none. Submitted with
-    --gpus-per-node as slurm/*.sbatch are: srun reads the batch's SLURM_GPUS_PER_NODE, which made a
-    sandbox step with --gres=none fail ("Invalid Trackable RESource (TRES) specification")."""
+    """On tools/slurm_up.sh's cluster (2 fake GPUs per node): `job-step init` in a 2-node batch job, then the
+    sandbox, trainer and engine steps with the layout's options at once: 2 trainer ranks on the first node see
+    both its GPUs, 2 vLLM servers (TP 1) on the second see one GPU each, the sandbox servers none, each task
+    knows its node. Submitted with --gpus-per-node as slurm/*.sbatch are: srun reads the batch's
+    SLURM_GPUS_PER_NODE, which made a sandbox step with --gres=none fail ("Invalid Trackable RESource (TRES)
+    specification"), and which every step now overrides with its own --gpus-per-node."""
     import shutil
     import subprocess
     import sys
@@ -191,15 +192,17 @@ def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_p
     script.write_text(
         "#!/bin/bash\n"
         f'eval "$({sys.executable} -m swe_megatron.cli job-step init embedded run_dir={tmp_path}/run '
-        'cluster.gpus_per_node=2 parallel.world_size=2)" || exit 3\n'
+        "cluster.gpus_per_node=2 cluster.nodes=2 cluster.engine_nodes=1 parallel.world_size=2 "
+        'engine.num_servers=2)" || exit 3\n'
         f"show={shlex.quote(show)}\n"
         'srun "${SANDBOX_SRUN[@]}" bash -c "$show" _ sandbox &\n'
         'srun "${TRAINER_SRUN[@]}" bash -c "$show" _ trainer &\n'
+        'srun "${ENGINE_SRUN[@]}" bash -c "$show" _ engine &\n'
         "wait\n"
     )
     out = tmp_path / "out.txt"
     subprocess.run(
-        ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=2G",
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=2G",
          "--gpus-per-node=2", "--time=5", "--oversubscribe", f"--output={out}", str(script)],
         check=True, capture_output=True, timeout=300, cwd=REPO,
     )  # fmt: skip
@@ -207,12 +210,13 @@ def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_p
     starts = {m[0] + m[1]: (m[2], m[3], m[4], float(m[5]))
               for m in re.findall(r"(\w+) rank=(\d) node=(\S+) cpt=(\d+) cuda=(\S+) t0=(\S+)", text)}  # fmt: skip
     ends = [float(t) for t in re.findall(r"t1=(\S+)", text)]
-    assert set(starts) == {"sandbox0", "trainer0", "trainer1"}, text
-    node = starts["sandbox0"][0]  # the job's one node, whichever of the cluster's nodes that is
+    assert set(starts) == {"sandbox0", "sandbox1", "trainer0", "trainer1", "engine0", "engine1"}, text
+    first, second = starts["sandbox0"][0], starts["sandbox1"][0]  # the job's nodes, whichever they are
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%n"], capture_output=True, text=True).stdout.split()
-    assert node in nodes, (node, nodes)
-    assert starts["sandbox0"][:3] == (node, "2", "none"), text
-    assert starts["trainer0"][:3] == starts["trainer1"][:3] == (node, "1", "0,1"), text
+    assert first != second and {first, second} <= set(nodes), (first, second, nodes)
+    assert starts["sandbox0"][1:3] == starts["sandbox1"][1:3] == ("2", "none"), text
+    assert starts["trainer0"][:3] == starts["trainer1"][:3] == (first, "1", "0,1"), text
+    assert (starts["engine0"][:3], starts["engine1"][:3]) == ((second, "1", "0"), (second, "1", "1")), text
     assert max(s[3] for s in starts.values()) < min(ends), f"steps did not run at once:\n{text}"
 
 
