@@ -16,7 +16,8 @@ job's GPUs on its nodes). GPUs: every step asks with --gpus-per-node, which over
 a second count such as --gpus-per-task, and binds explicitly (--gpu-bind), so a site's or user's
 SLURM_GPU_BIND does not change what a task sees (tests/launch/test_gpu_requests.py models srun(1) and
 sbatch(1) of Slurm 22.05 and checks every layout `swe-megatron plan` proposes):
-- trainer: --gpus-per-node=R --gpu-bind=mask_gpu:(2^R - 1) for R ranks on a node: one GPU per rank, all R
+- trainer: --gpus-per-node=R --gpu-bind=mask_gpu:(2^R - 1)*R for R ranks on a node (the same mask for each of
+  the node's R tasks, in srun(1)'s "mask*count" list form): one GPU per rank, all R
   visible to every rank of the node (a rank picks LOCAL_RANK; NCCL keeps peer access between them). Not
   --gpu-bind=none: on Slurm 22.05 that leaves CUDA_VISIBLE_DEVICES unset (every GPU of the node visible),
   measured on tools/slurm_up.sh's cluster; the mask gives CUDA_VISIBLE_DEVICES=0..R-1 as the default does.
@@ -96,7 +97,7 @@ class JobLayout:
             nodes, tasks, per_node = self.trainer_nodes, self.trainer_tasks, self.trainer_tasks_per_node
             cpus = self.cpus_per_node // per_node
             gpus = (
-                [f"--gpus-per-node={per_node}", f"--gpu-bind=mask_gpu:{(1 << per_node) - 1:#x}"]
+                [f"--gpus-per-node={per_node}", f"--gpu-bind=mask_gpu:{(1 << per_node) - 1:#x}*{per_node}"]
                 if self.gpus_per_node
                 else ["--gpus-per-node=0"]
             )

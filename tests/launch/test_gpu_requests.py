@@ -12,10 +12,12 @@ What the check models, each sentence from those man pages:
   default every spawned task can access every GPU allocated to the step"; none: "Do not bind tasks to
   GPUs"; per_task:<n>: "Each task will be bound to the number of gpus specified in <gpus_per_task>. Gpus are
   assigned in order to tasks"; mask_gpu:<list>: "the lowest task ID on each node is mapped to the first mask
-  specified in the list", the list "reused as needed"; "GPU binding is ignored if there is only one task".
+  specified in the list, etc.", with "a map with an asterisk and repetition count" ("mask_gpu:0x0f*4,0xf0*4");
+  "GPU binding is ignored if there is only one task".
 - Measured on tools/slurm_up.sh's cluster (22.05.8, 2 fake GPUs per node, 2 tasks, --gpus-per-node=2): no
   --gpu-bind gives both tasks CUDA_VISIBLE_DEVICES=0,1; none leaves it unset (the node's every GPU visible);
-  per_task:1 gives 0 and 1; mask_gpu:0x3 gives 0,1 to both; --gpus-per-task=1 gives 0 and 1.
+  per_task:1 gives 0 and 1; mask_gpu:0x3 and mask_gpu:0x3*2 give 0,1 to both; --gpus-per-task=1 gives 0 and 1;
+  and with one task and one GPU, mask_gpu:0x1*1 gives 0.
 - srun(1) --ntasks-per-node: "If used with the --ntasks option, the --ntasks option will take precedence and
   the --ntasks-per-node will be treated as a maximum count of tasks per node."
 
@@ -79,9 +81,11 @@ def visible_gpus(opts: dict[str, str]) -> list[list[int]]:
     bind = opts.get("--gpu-bind", f"per_task:{opts[count]}" if count == "--gpus-per-task" else "none")
     if tasks == 1:
         return [list(range(gpus))]
-    if bind.startswith("mask_gpu:"):  # one mask, reused for every task of the node
-        mask = int(bind.removeprefix("mask_gpu:"), 16)
-        return [[i for i in range(mask.bit_length()) if mask >> i & 1]] * tasks
+    if bind.startswith("mask_gpu:"):  # masks for the node's tasks in order; "MASK*N" repeats one N times
+        masks = [m for item in bind.removeprefix("mask_gpu:").split(",")
+                 for m in [int(item.split("*")[0], 16)] * int((item.split("*") + ["1"])[1])]  # fmt: skip
+        assert len(masks) >= tasks, f"{bind}: fewer masks than the node's {tasks} tasks"
+        return [[i for i in range(m.bit_length()) if m >> i & 1] for m in masks[:tasks]]
     if bind == "none":  # no CUDA_VISIBLE_DEVICES at all: every GPU of the node (measured on 22.05)
         return [list(range(NODE_GPUS))] * tasks
     n = int(bind.removeprefix("per_task:"))

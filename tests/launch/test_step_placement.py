@@ -124,7 +124,7 @@ def test_paper_steps_place_each_role_with_its_own_cpus_and_gpus(tmp_path):
                       "gpu-bind": "per_task:4", "mem": "0"}  # fmt: skip
     assert trainer == {"overlap": "", "nodes": "8", "ntasks": "64", "ntasks-per-node": "8",
                        "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8",
-                       "gpu-bind": "mask_gpu:0xff", "mem": "0"}  # fmt: skip
+                       "gpu-bind": "mask_gpu:0xff*8", "mem": "0"}  # fmt: skip
     with pytest.raises(LaunchError, match=r"8 trainer ranks .* per node .* 4 CPU"):
         job_layout(cfg, JOB_NODES, "77", cpus_per_node=4)
 
