@@ -133,14 +133,20 @@ class SyncGroup:
         return self.store.get(self._abort_key).decode() if self.store.check([self._abort_key]) else None
 
     def _poll(self, done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + self.timeout_s
+        # done() is cheap (a CUDA event query, a flag): checked at once, then with backoff up to POLL_S; the store
+        # (a round trip to rank 0) and `check` only every POLL_S, so a fast bucket pays neither.
+        deadline, delay, next_check = time.monotonic() + self.timeout_s, 1e-4, 0.0
         while not done():
-            if (why := self.aborted()) is not None:
-                raise SyncAborted(f"weight sync aborted during {what}: {why}")
-            self.check()
-            if time.monotonic() > deadline:
-                raise SyncAborted(f"weight sync: {what} took longer than {self.timeout_s:g} s")
-            time.sleep(POLL_S)
+            now = time.monotonic()
+            if now >= next_check:
+                if (why := self.aborted()) is not None:
+                    raise SyncAborted(f"weight sync aborted during {what}: {why}")
+                self.check()
+                if now > deadline:
+                    raise SyncAborted(f"weight sync: {what} took longer than {self.timeout_s:g} s")
+                next_check = now + POLL_S
+            time.sleep(delay)
+            delay = min(POLL_S, 2 * delay)
 
 
 def unpack(flat: torch.Tensor, rows: list) -> list[tuple[str, torch.Tensor]]:

@@ -260,7 +260,13 @@ class BroadcastWeightSync(WeightSync):
         role = sync_role(_global_rank(), ps.get_data_parallel_rank(), ps.get_context_parallel_rank(),
                          ps.get_tensor_model_parallel_rank())  # fmt: skip
         if role == "broadcast":
-            report, error = self.send(_stream_to_rank0(trainer, device), engine, device)
+            tensors = _stream_to_rank0(trainer, device)
+            try:
+                report, error = self.send(tensors, engine, device)
+            except Exception as e:  # noqa: BLE001 - e.g. no server left: every rank ends with the same error
+                error = f"weight sync by broadcast failed on trainer rank 0: {type(e).__name__}: {e}"
+                for _ in tensors:  # the later stages still send theirs
+                    pass
         elif role != "idle":
             _stage_to_rank0(trainer, role == "send")
         if dist.is_initialized():  # the others wait for rank 0's broadcast to the servers on the driver group
@@ -335,14 +341,11 @@ class BroadcastWeightSync(WeightSync):
 
 
 def _check_rpcs(futures: dict) -> None:
-    """While rank 0 waits: raise as soon as a server's RPC has ended (with its error: before or during the sync,
-    it cannot have taken part to the end)."""
+    """While rank 0 waits: raise as soon as a server's RPC has failed (before or during the sync, it cannot
+    take part to the end). One that returned is not flagged: a worker returns only after the end header."""
     for url, f in futures.items():
-        if f.done():
-            e = f.exception()
-            raise SyncAborted(
-                f"{url} left the sync early: {e if e is not None else f'it returned {f.result()!r}'}"
-            )
+        if f.done() and f.exception() is not None:
+            raise SyncAborted(f"{url} left the sync: {f.exception()}")
 
 
 def _failures(engine, futures: dict, own_error: str | None) -> str | None:
@@ -412,6 +415,7 @@ def _stream_to_rank0(trainer, device):
     senders = dist.get_process_group_ranks(trainer.pp_group) if dist.is_initialized() else [0]
     ack = torch.ones(1, dtype=torch.int64, device=device)
     for src in senders[1:]:
+        acks = []  # not waited on one by one: a gloo send returns only once its receive is posted
         while True:
             meta = [None]
             dist.recv_object_list(meta, src=src)
@@ -420,8 +424,10 @@ def _stream_to_rank0(trainer, device):
             name, dtype, shape = meta[0]
             buf = torch.empty(shape, dtype=dtype, device=device)
             dist.recv(buf, src=src)
-            dist.send(ack, dst=src)
+            acks.append(dist.isend(ack, dst=src))
             yield name, buf
+        for work in acks:
+            work.wait()
 
 
 METHODS: dict[str, type[WeightSync]] = {"file": FileWeightSync, "broadcast": BroadcastWeightSync}
