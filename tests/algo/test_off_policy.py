@@ -151,3 +151,20 @@ def test_off_by_default_and_settable():
 
 
 # Bad algo.off_policy values: tests/config/test_config.py::test_bad_values_fail_with_one_message.
+
+
+def test_the_masking_mean_is_over_the_tokens_with_an_engine_logprob():
+    # Row 0: log ratios 0.5, 0.5 and one action token without an engine logprob: the mean is 1.0 / 2 = 0.5, not
+    # 1.0 / 3 = 0.33 (the unknown token is no evidence of agreement). Row 1: |-0.2 / 3| = 0.067.
+    for threshold, masked in ((0.4, 1.0), (0.49, 1.0), (0.51, 0.0)):
+        w, m = off_policy_weights(OLD, ENGINE, MASK, None, threshold)
+        assert m["masked_trajectories"].item() == masked, threshold
+        assert bool((w[0] == 0).all()) == bool(masked)
+
+
+def test_a_weight_exactly_at_the_cap_is_not_counted_as_clipped():
+    # tis_cap=1: exp(0.5), exp(0.5), exp(0.2) are over it (clipped); row 1's third token has ratio exp(0) = 1,
+    # at the cap, its weight unchanged: not clipped. exp(-0.4) is under it.
+    w, m = off_policy_weights(OLD, ENGINE, MASK, tis_cap=1.0, mask_threshold=None)
+    assert m["is_clipped_tokens"].item() == 3 and m["is_tokens"].item() == 5
+    assert w[1, 2].item() == 1.0

@@ -117,3 +117,35 @@ def _refused(gate: VersionGate) -> str:
     except EngineError as e:
         return str(e)
     return "not refused"
+
+
+def test_closing_also_refuses_the_next_turn_of_an_episode_holding_the_gate():
+    """per_episode: a session that already holds the gate does not pass `_enter` again; close must stop it too."""
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(per_episode=True).serve(engine, 0)
+    assert gate.generate([0], 1, "a").policy_version == 0  # a holds the gate from here on
+    gate.close("stopping")
+    with pytest.raises(EngineError, match="stopping"):
+        gate.generate([0], 1, "a")
+    assert engine.calls == ["a"]
+
+
+@pytest.mark.parametrize("per_episode", [False, True])
+def test_ending_a_session_that_holds_nothing_leaves_the_count_alone(per_episode):
+    """end_session of a session the gate does not know (per-turn gates hold none) must not release a hold:
+    a count below zero would make every later pause() wait forever."""
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(per_episode=per_episode).serve(engine, 0)
+    gate.generate([0], 1, "a")
+    gate.end_session("never-seen")
+    if per_episode:
+        gate.end_session("a")
+        gate.end_session("a")  # twice: the second holds nothing either
+    paused, _ = _start(gate.pause)
+    paused.join(2)
+    assert not paused.is_alive(), "pause() hangs: the gate counts a hold nobody has"
+    gate.resume(1)
+    assert gate.generate([0], 1, "b").policy_version == 1
+    assert "never-seen" in engine.ended  # its server slot is released all the same
