@@ -21,15 +21,22 @@ class HeldEngine:
     def __init__(self):
         self.release = threading.Event()
         self.calls: list[str] = []
+        self.requests: list[tuple[list[int], int]] = []
         self.ended: list[str] = []
+        self.reloaded: list[str] = []
+        self.per_session: dict[str, threading.Event] = {}  # a session's own release, where the test set one
 
     def generate(self, prompt_ids, max_tokens, session=""):
         self.calls.append(session)
-        assert self.release.wait(10)
+        self.requests.append((prompt_ids, max_tokens))
+        assert self.per_session.get(session, self.release).wait(10)
         return Generation([1], [-0.5], "stop")
 
     def end_session(self, session):
         self.ended.append(session)
+
+    def reload_weights(self, path):
+        self.reloaded.append(path)
 
 
 def _start(fn, *args) -> tuple[threading.Thread, list]:
@@ -149,3 +156,33 @@ def test_ending_a_session_that_holds_nothing_leaves_the_count_alone(per_episode)
     gate.resume(1)
     assert gate.generate([0], 1, "b").policy_version == 1
     assert "never-seen" in engine.ended  # its server slot is released all the same
+
+
+def test_the_gate_forwards_requests_and_reloads_to_its_engine():
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(engine, 5)  # built with its engine, no serve(): the constructor's version is served
+    assert gate.generate([7, 8], 16, "s").policy_version == 5
+    assert engine.requests == [([7, 8], 16)] and engine.calls == ["s"]
+    gate.pause()
+    gate.reload_weights("/ckpt/v6")
+    gate.resume(6)
+    assert engine.reloaded == ["/ckpt/v6"] and gate.generate([1], 1).policy_version == 6
+
+
+def test_an_update_waits_for_every_turn_in_flight_not_only_the_first():
+    engine = HeldEngine()
+    engine.per_session = {"a": threading.Event(), "b": threading.Event()}
+    gate = VersionGate().serve(engine, 0)
+    a, _ = _start(gate.generate, [0], 1, "a")
+    b, _ = _start(gate.generate, [0], 1, "b")
+    _wait_until(lambda: len(engine.calls) == 2)
+    paused, _ = _start(gate.pause)
+    engine.per_session["a"].set()
+    a.join(5)
+    time.sleep(0.2)
+    assert paused.is_alive(), "b's turn is still in flight: the update must wait for it too"
+    engine.per_session["b"].set()
+    b.join(5)
+    paused.join(5)
+    assert not paused.is_alive()
