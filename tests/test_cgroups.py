@@ -75,6 +75,26 @@ def test_a_group_that_cannot_be_made_is_none_and_leaves_nothing(monkeypatch, tmp
     assert "cannot make a cgroup" in caplog.text and "per process only" in caplog.text
 
 
+def test_stale_empty_groups_are_swept_and_nothing_else(monkeypatch, tmp_path):
+    memory, pids = _fake(monkeypatch, tmp_path, "v1")
+    old = cgroups.time.time() - 2 * cgroups._STALE_S
+    for base in (memory, pids):
+        for name in ("swe-sbx-crashed", "swe-sbx-running", "swe-sbx-busy", "someone-else"):
+            (base / name).mkdir()
+        (base / "swe-sbx-busy" / "cgroup.procs").write_text("123\n")  # a group with processes: rmdir fails
+        for name in ("swe-sbx-crashed", "swe-sbx-busy", "someone-else"):
+            os.utime(base / name, (old, old))
+    cgroups.sweep_stale_groups()
+    for base in (memory, pids):
+        assert sorted(p.name for p in base.iterdir()) == ["someone-else", "swe-sbx-busy", "swe-sbx-running"]
+
+
+def test_a_warning_is_logged_once(caplog):
+    cgroups.warn_once("w28 test: said once")
+    cgroups.warn_once("w28 test: said once")
+    assert caplog.text.count("w28 test: said once") == 1
+
+
 FORK_UNTIL_REFUSED = """
 import os, time
 n = 0

@@ -52,6 +52,14 @@ def test_busy_time_is_split_at_each_read(clock):
     assert c.take() == _approx((0.1, 0.4))  # busy 100.6..100.7 of the cycle 100.6..101.0
     clock.now = 101.5
     assert c.take() == _approx((0.0, 0.5))  # nothing ran
+    with c.busy():  # a finished span and one still running at the read add up
+        clock.now = 101.7
+    clock.now = 101.8
+    running = c.busy()
+    running.__enter__()
+    clock.now = 102.0
+    assert c.take() == _approx((0.4, 0.5))
+    running.__exit__(None, None, None)
 
 
 def test_overlapping_rollouts_count_once_and_gaps_not_at_all(clock):
@@ -78,15 +86,19 @@ def test_cycle_metrics_by_hand(clock):
     assert a.cycle(trainer_wait_s=3.0) == pytest.approx(
         {"cycle_s": 10.0, "trainer_idle_frac": 0.3, "engine_idle_frac": 0.7}
     )
+    clock.now = 111.0
     a.begin("stage1")  # the same stage: the cycle goes on from the last read
     clock.now = 112.0
-    a.begin("stage2")  # a new stage starts anew: 110..112 belongs to no cycle
+    assert a.cycle(0.0)["cycle_s"] == pytest.approx(2.0)
+    clock.now = 114.0
+    a.begin("stage2")  # a new stage starts anew: 112..114 belongs to no cycle
     clock.now = 116.0
-    with a.clock.busy():
-        clock.now = 120.0
+    a.submit("stage2:1", lambda: setattr(clock, "now", 120.0))  # rollouts ahead are busy time too
+    a.take("stage2:1")
     assert a.cycle(trainer_wait_s=0.0) == pytest.approx(
-        {"cycle_s": 8.0, "trainer_idle_frac": 0.0, "engine_idle_frac": 0.5}
+        {"cycle_s": 6.0, "trainer_idle_frac": 0.0, "engine_idle_frac": 2 / 6}
     )
+    a.close()
     assert a.cycle(1.0) == {
         "cycle_s": 0.0,
         "trainer_idle_frac": 0.0,
@@ -122,12 +134,13 @@ def test_rollouts_ahead_run_in_order_on_one_thread_and_their_errors_reach_take()
     assert order == []
     go.set()
     assert a.take("s:2") == "rolled s:2" and a.take("s:1") == "rolled s:1"
-    assert order == ["s:1", "s:2"] and len(threads) == 1 and threading.current_thread().name not in threads
+    assert order == ["s:1", "s:2"] and threads == {"rollouts-ahead_0"}  # one thread, named for stack dumps
     assert not a.started("s:1")  # taken
     with pytest.raises(RuntimeError, match="engine died"):
         a.take("s:3")
     assert a.take("s:4") is None  # never submitted: the caller rolls it out inline
     a.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("rollouts-ahead")]  # the thread ended
 
 
 class InstantEngine:
