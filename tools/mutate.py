@@ -107,7 +107,7 @@ def diff(dest: Path, env: dict[str, str], name: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "mutmut", "show", name], cwd=dest, env=env, capture_output=True, text=True
     ).stdout
-    return "\n".join(line for line in out.splitlines() if re.match(r"[-+] ", line))
+    return "\n".join(line for line in out.splitlines() if line[:1] in "-+" and line[:3] not in ("---", "+++"))
 
 
 def report(files: list[str], statuses: dict[str, str], show) -> int:

@@ -186,3 +186,14 @@ def test_an_update_waits_for_every_turn_in_flight_not_only_the_first():
     b.join(5)
     paused.join(5)
     assert not paused.is_alive()
+
+
+def test_a_turn_without_a_session_holds_the_gate_for_that_turn_only():
+    """per_episode gates hold per episode only for a named session: a turn without one (default) is released."""
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(engine, per_episode=True)
+    assert gate.generate([0], 1).policy_version == 0  # the default version: 0
+    paused, _ = _start(gate.pause)
+    paused.join(2)
+    assert not paused.is_alive(), "a session-less turn kept the gate held"
