@@ -161,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scratch_copy(work)
         configure(work, files, tests, args.markers)
-        # The copy's code, not the work tree's: no PYTHONPATH (mutmut puts its mutants/ first).
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+        # The copy's code, not the work tree's: the tree is dropped from PYTHONPATH (mutmut puts mutants/ first).
+        path = [
+            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT
+        ]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1")
         # Its own session: mutmut forks a child per mutant, and a stopped check must stop them all.
         run = subprocess.Popen(
             [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs)], cwd=work, env=env,
