@@ -167,19 +167,21 @@ def main(argv: list[str] | None = None) -> int:
         ]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1")
         # Its own session: mutmut forks a child per mutant, and a stopped check must stop them all.
-        run = subprocess.Popen(
-            [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs)], cwd=work, env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+        log = work / "mutmut.log"
+        with log.open("w") as out:
+            run = subprocess.Popen(
+                [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs)], cwd=work, env=env,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
-            _, err = run.communicate()
+            run.wait()
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait()
         if run.returncode:
-            print(err[-4000:], file=sys.stderr)
+            print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
             print(f"mutate: mutmut failed (exit {run.returncode}); its files are in {work}", file=sys.stderr)
             args.keep = work
             return 2
