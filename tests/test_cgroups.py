@@ -89,7 +89,8 @@ def test_stale_empty_groups_are_swept_and_nothing_else(monkeypatch, tmp_path):
         assert sorted(p.name for p in base.iterdir()) == ["someone-else", "swe-sbx-busy", "swe-sbx-running"]
 
 
-def test_a_warning_is_logged_once(caplog):
+def test_a_warning_is_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(cgroups, "_warned", set())  # what this process already said (a rerun in one process)
     cgroups.warn_once("w28 test: said once")
     cgroups.warn_once("w28 test: said once")
     assert caplog.text.count("w28 test: said once") == 1
