@@ -83,6 +83,17 @@ class Ahead:
             self.stage = stage
             self.clock.take()
 
+    def cycle(self, trainer_wait_s: float) -> dict[str, float]:
+        """time/* scalars of the cycle ending now (since the previous one, or `begin`): its length, the fraction
+        the trainer waited for rollouts (trainer_wait_s of it) and the fraction no rollout ran (engine idle)."""
+        busy, wall = self.clock.take()
+        return {
+            "cycle_s": wall,
+            "trainer_idle_frac": trainer_wait_s / wall if wall else 0.0,
+            # Not clamped: busy time is measured inside the cycle, so a value below 0 is a clock bug to see.
+            "engine_idle_frac": 1.0 - busy / wall if wall else 0.0,
+        }
+
     def run(self, fn: Callable[..., Any], *args) -> Any:
         """fn(*args) now, on this thread, timed as rollouts."""
         with self.clock.busy():

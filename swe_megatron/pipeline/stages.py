@@ -455,13 +455,8 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
         _record(ctx, it, b.trajs)
         metrics = rollout_metrics(b.trajs, stage.t_max, stage.l_thr) | b.info.as_metrics()
         metrics["train"] = train_metrics(steps, "dapo")
-        busy, cycle = ctx.ahead.clock.take()
-        metrics["time"] = b.seconds | {
-            "iteration_s": time.perf_counter() - t0,
-            "cycle_s": cycle,
-            "trainer_idle_frac": b.seconds["trainer_wait_s"] / cycle if cycle else 0.0,
-            "engine_idle_frac": max(0.0, 1.0 - busy / cycle) if cycle else 0.0,
-        }
+        metrics["time"] = b.seconds | {"iteration_s": time.perf_counter() - t0}
+        metrics["time"] |= ctx.ahead.cycle(b.seconds["trainer_wait_s"])
         metrics["async"] = staleness_metrics(b.trajs, ctx.run.step, b.counts["dropped_stale"]) | {
             "redone_on_resume": float(b.counts["redone_on_resume"]),
             "max_staleness": float(ctx.cfg.algo.max_staleness),

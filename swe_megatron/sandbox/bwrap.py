@@ -1,12 +1,13 @@
 """bubblewrap backend (default on Linux, used by CI): agent commands in a namespace sandbox.
 
     setpriv --reuid U --regid G --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
-    prlimit --cpu --as --nproc --fsize --nofile --core=0 --
+    prlimit --cpu --as [--nproc] --fsize --nofile --core=0 --
     bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session ... -- <shell supervisor>
 
 Run as root (CI, the sandbox server), it first drops to a per-sandbox uid of the sandbox user (see
 users.py); bwrap run as root would keep root's powers. Run as an ordinary user it runs as that user and
-sets no RLIMIT_NPROC (that limit counts all of the user's processes). Inside:
+sets no RLIMIT_NPROC (that limit counts all of the user's processes); run as root it sets RLIMIT_NPROC only
+where no cgroup holds the sandbox (the cgroup's pids.max is the limit, and the one limits_hit reports). Inside:
 
 - read-only: a minimal system tree (`system_tree()`: /usr/bin, /usr/sbin, the shared libraries, git's
   helpers, the locales, time zones and each Python's standard library, with the /bin, /lib* links), a
@@ -200,7 +201,9 @@ class BwrapSandbox(ShellSandbox):
         # CPU: SIGXCPU ("CPU time limit exceeded") at the limit, SIGKILL 2 s later if it is ignored.
         cpu = f"--cpu={cfg.cpu_seconds}:{cfg.cpu_seconds + 2}"
         argv += [self._tools["prlimit"], cpu, f"--as={cfg.memory_mb << 20}"]
-        if as_root:
+        if as_root and self._cgroup is None:
+            # With a cgroup its pids.max is the sandbox's process limit: an equal RLIMIT_NPROC would refuse the
+            # same fork first (the kernel checks it before the cgroup), and pids.events would never count it.
             argv.append(f"--nproc={cfg.max_processes}")
         argv += [f"--fsize={cfg.max_file_mb << 20}", f"--nofile={cfg.max_open_files}", "--core=0", "--"]
 

@@ -151,3 +151,54 @@ def test_off_by_default_and_settable():
 
 
 # Bad algo.off_policy values: tests/config/test_config.py::test_bad_values_fail_with_one_message.
+
+
+def test_the_masking_mean_is_over_the_tokens_with_an_engine_logprob():
+    # Row 0: log ratios 0.5, 0.5 and one action token without an engine logprob: the mean is 1.0 / 2 = 0.5, not
+    # 1.0 / 3 = 0.33 (the unknown token is no evidence of agreement). Row 1: |-0.2 / 3| = 0.067.
+    for threshold, masked in ((0.4, 1.0), (0.49, 1.0), (0.51, 0.0)):
+        w, m = off_policy_weights(OLD, ENGINE, MASK, None, threshold)
+        assert m["masked_trajectories"].item() == masked, threshold
+        assert bool((w[0] == 0).all()) == bool(masked)
+
+
+def test_a_weight_exactly_at_the_cap_is_not_counted_as_clipped():
+    # tis_cap=1: exp(0.5), exp(0.5), exp(0.2) are over it (clipped); row 1's third token has ratio exp(0) = 1,
+    # at the cap, its weight unchanged: not clipped. exp(-0.4) is under it.
+    w, m = off_policy_weights(OLD, ENGINE, MASK, tis_cap=1.0, mask_threshold=None)
+    assert m["is_clipped_tokens"].item() == 3 and m["is_tokens"].item() == 5
+    assert w[1, 2].item() == 1.0
+
+
+def test_edges_mutation_testing_found():
+    # |mean| exactly at the threshold is not over it: row 0's mean is exactly 0.5.
+    assert off_policy_weights(OLD, ENGINE, MASK, None, 0.5)[1]["masked_trajectories"].item() == 0
+    # With every weight below 1 (cap 0.5), the max is over tokens with an engine logprob only (row 0's unknown
+    # token, weight 1, is not one).
+    assert off_policy_weights(OLD, ENGINE, MASK, 0.5, None)[1]["is_weight_max"].item() == 0.5
+    # bf16 inputs are compared in float32 (bf16's 8 bits would round 0.2 - 0.4 + 0 visibly).
+    sums = segment_log_ratios(OLD.bfloat16(), ENGINE.bfloat16(), MASK)
+    assert sums.dtype == torch.float32
+
+
+def test_packed_segments_keep_the_callers_count():
+    old, eng, mask, seg = _packed()
+    assert segment_log_ratios(old, eng, mask, seg).shape == (2, 3)  # inferred: max id + 1
+    # Four trajectories in the step, this micro-batch holds tokens of two: every rank's sums have 4 rows (the
+    # all-reduce adds them row by row); trajectory 2 has one action token, trajectory 3 none here.
+    seg4 = torch.cat([seg, torch.tensor([2])])
+    old4, eng4, mask4 = torch.cat([old, old[:1]]), torch.cat([eng, eng[:1]]), torch.cat([mask, mask[:1]])
+    assert segment_log_ratios(old4, eng4, mask4, seg4, num_segments=4).shape == (4, 3)
+    shapes = []
+    w, m = off_policy_weights(
+        old4, eng4, mask4, None, 0.1, seg4, 4, reduce_segments=lambda s: shapes.append(s.shape)
+    )
+    assert shapes == [(4, 3)] and m["trajectories"].item() == 3 and w.shape == old4.shape
+
+
+def test_an_empty_micro_batch_gives_zero_metrics():
+    empty = torch.zeros(0, dtype=F64)
+    seg = torch.zeros(0, dtype=torch.long)
+    assert segment_log_ratios(empty, empty, empty.bool(), seg).shape == (0, 3)
+    w, m = off_policy_weights(empty, empty, empty.bool(), 2.0, 0.1, seg)
+    assert w.numel() == 0 and m["is_weight_max"].item() == 0 and m["trajectories"].item() == 0

@@ -44,3 +44,11 @@ def test_a_trajectory_with_a_version_per_turn_checks():
     assert Trajectory.from_json(
         Trajectory(task_id="t", sample_index=0, policy_versions=[2]).to_json()
     ).policy_versions == [2]
+
+
+def test_an_empty_batch_has_zero_staleness_and_counts_its_drops():
+    """Every trajectory of an iteration dropped (or none returned): the metrics still come, no ZeroDivisionError."""
+    assert split_stale([], 3, 1) == ([], [])
+    assert staleness_metrics([], 3, dropped=4) == {
+        "staleness_mean": 0.0, "staleness_max": 0.0, "mixed_version_trajectories": 0.0, "dropped_stale": 4.0,
+    }  # fmt: skip

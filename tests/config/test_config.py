@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import typing
@@ -138,6 +139,24 @@ def test_bad_values_fail_with_one_message(override, needles):
     assert "\n" not in msg
     for needle in needles:
         assert needle in msg, (needle, msg)
+
+
+@pytest.mark.parametrize(
+    ("key", "edges", "outside"),
+    [
+        ("algo.max_staleness", (0, 15), (-1, 16)),
+        ("engine.weight_sync_port", (0, 65535), (-1, 65536)),
+        ("algo.off_policy.tis_cap", (1e-9, 1e300), (0.0, float("inf"))),
+    ],
+)
+def test_range_edges_are_inclusive_where_allowed(key, edges, outside):
+    """The last allowed value on each side loads; the next one is refused, naming the key."""
+    for value in edges:
+        cfg = load_config("embedded", [f"{key}={value}"])
+        assert OmegaConf.select(cfg, key) == value
+    for value in outside:
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)}=.* is invalid"):
+            load_config("embedded", [f"{key}={value}"])
 
 
 def test_truncated_sampling_is_fine_without_rl_stages():

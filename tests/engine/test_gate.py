@@ -21,15 +21,22 @@ class HeldEngine:
     def __init__(self):
         self.release = threading.Event()
         self.calls: list[str] = []
+        self.requests: list[tuple[list[int], int]] = []
         self.ended: list[str] = []
+        self.reloaded: list[str] = []
+        self.per_session: dict[str, threading.Event] = {}  # a session's own release, where the test set one
 
     def generate(self, prompt_ids, max_tokens, session=""):
         self.calls.append(session)
-        assert self.release.wait(10)
+        self.requests.append((prompt_ids, max_tokens))
+        assert self.per_session.get(session, self.release).wait(10)
         return Generation([1], [-0.5], "stop")
 
     def end_session(self, session):
         self.ended.append(session)
+
+    def reload_weights(self, path):
+        self.reloaded.append(path)
 
 
 def _start(fn, *args) -> tuple[threading.Thread, list]:
@@ -117,3 +124,76 @@ def _refused(gate: VersionGate) -> str:
     except EngineError as e:
         return str(e)
     return "not refused"
+
+
+def test_closing_also_refuses_the_next_turn_of_an_episode_holding_the_gate():
+    """per_episode: a session that already holds the gate does not pass `_enter` again; close must stop it too."""
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(per_episode=True).serve(engine, 0)
+    assert gate.generate([0], 1, "a").policy_version == 0  # a holds the gate from here on
+    gate.close("stopping")
+    with pytest.raises(EngineError, match="stopping"):
+        gate.generate([0], 1, "a")
+    assert engine.calls == ["a"]
+
+
+@pytest.mark.parametrize("per_episode", [False, True])
+def test_ending_a_session_that_holds_nothing_leaves_the_count_alone(per_episode):
+    """end_session of a session the gate does not know (per-turn gates hold none) must not release a hold:
+    a count below zero would make every later pause() wait forever."""
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(per_episode=per_episode).serve(engine, 0)
+    gate.generate([0], 1, "a")
+    gate.end_session("never-seen")
+    if per_episode:
+        gate.end_session("a")
+        gate.end_session("a")  # twice: the second holds nothing either
+    paused, _ = _start(gate.pause)
+    paused.join(2)
+    assert not paused.is_alive(), "pause() hangs: the gate counts a hold nobody has"
+    gate.resume(1)
+    assert gate.generate([0], 1, "b").policy_version == 1
+    assert "never-seen" in engine.ended  # its server slot is released all the same
+
+
+def test_the_gate_forwards_requests_and_reloads_to_its_engine():
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(engine, 5)  # built with its engine, no serve(): the constructor's version is served
+    assert gate.generate([7, 8], 16, "s").policy_version == 5
+    assert engine.requests == [([7, 8], 16)] and engine.calls == ["s"]
+    gate.pause()
+    gate.reload_weights("/ckpt/v6")
+    gate.resume(6)
+    assert engine.reloaded == ["/ckpt/v6"] and gate.generate([1], 1).policy_version == 6
+
+
+def test_an_update_waits_for_every_turn_in_flight_not_only_the_first():
+    engine = HeldEngine()
+    engine.per_session = {"a": threading.Event(), "b": threading.Event()}
+    gate = VersionGate().serve(engine, 0)
+    a, _ = _start(gate.generate, [0], 1, "a")
+    b, _ = _start(gate.generate, [0], 1, "b")
+    _wait_until(lambda: len(engine.calls) == 2)
+    paused, _ = _start(gate.pause)
+    engine.per_session["a"].set()
+    a.join(5)
+    time.sleep(0.2)
+    assert paused.is_alive(), "b's turn is still in flight: the update must wait for it too"
+    engine.per_session["b"].set()
+    b.join(5)
+    paused.join(5)
+    assert not paused.is_alive()
+
+
+def test_a_turn_without_a_session_holds_the_gate_for_that_turn_only():
+    """per_episode gates hold per episode only for a named session: a turn without one (default) is released."""
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate(engine, per_episode=True)
+    assert gate.generate([0], 1).policy_version == 0  # the default version: 0
+    paused, _ = _start(gate.pause)
+    paused.join(2)
+    assert not paused.is_alive(), "a session-less turn kept the gate held"

@@ -102,12 +102,14 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
         # Provenance: a version per turn, none more than max_staleness=1 update behind the trainer.
         assert all(len(t["policy_versions"]) == t["num_steps"] for t in trajs), u
         assert m["async"]["staleness_max"] <= 1 and m["async"]["dropped_stale"] == 0, (u, m["async"])
+        # Not clamped (Ahead.cycle): busy or waiting time outside the cycle would show here.
         assert 0 <= m["time"]["trainer_idle_frac"] <= 1 and 0 <= m["time"]["engine_idle_frac"] <= 1, u
         if u in ("stage1:0", "stage2:0"):
             # A stage's first unit is on-policy: sampled by the weights the trainer starts from, which the engine
             # got by broadcast (stage1:0 follows the warm start's large SFT update: an engine left on the
             # initial weights is 0.065 off).
             assert m["async"]["staleness_max"] == 0 and m["train"]["logprob_mismatch_abs_mean"] < 1e-3, (u, m)
+            assert m["time"]["engine_idle_frac"] < 1, (u, m["time"])  # its rollouts ran inline, in its cycle
     # The rollouts the stop cancelled and those the kill cut short were thrown away and counted when redone.
     assert redone[stopped_ahead] >= 1 and redone[killed_ahead] >= 1, redone
     # Rolled out ahead in an uninterrupted attempt: sampled by the weights one update older than the trainer's.

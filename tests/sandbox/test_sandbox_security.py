@@ -170,12 +170,40 @@ def bystander(make):
     assert stats["slowest"] < 5.0, stats
 
 
-def test_fork_bombs_end_and_others_carry_on(make, sandbox):
+FORK_UNTIL_REFUSED = """
+import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            os.close(1), os.close(2)
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print(n, e.strerror)
+"""
+
+
+def test_fork_bombs_end_and_others_carry_on(make, sandbox, cfg):
     with bystander(make):
         res = sandbox.exec(":(){ :|: ; };:", timeout_s=2)  # in the foreground
         assert res.timed_out and b"timed out after 2 s" in res.output
         res = sandbox.exec("python -c 'import os\nwhile True: os.fork()'", timeout_s=5)
-        assert res.timed_out or b"Resource temporarily unavailable" in res.output
+        assert b"Resource temporarily unavailable" in res.output, res
+        group = sandbox._cgroup
+        if group is not None:  # the sandbox's own limit refused the forks, and the result says so
+            assert (
+                "processes" in res.limits_hit
+                and f"process limit ({cfg.max_processes})" in res.output.decode()
+            )
+            # Exactly max_processes processes in the sandbox: those idle in it, the python and its children.
+            sandbox.exec("sleep 1")  # the bomb's last processes are gone
+            idle = int((group.folders[-1] / "pids.current").read_text())
+            res = sandbox.exec(f"python -c '{FORK_UNTIL_REFUSED}'", timeout_s=20)
+            children = int(res.output.split()[0])
+            assert idle + 1 + children == cfg.max_processes, (idle, children, res)
+            assert res.limits_hit == ("processes",), res
         sandbox.exec(":(){ :|:& };:")  # left running in the background: the next timeout clears it
         assert sandbox.exec("sleep 30", timeout_s=2).timed_out
     assert sandbox.exec("/bin/echo recovered", timeout_s=5).output == b"recovered\n"
