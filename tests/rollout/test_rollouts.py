@@ -338,7 +338,7 @@ def test_episode_timeout_ends_a_running_command_in_a_real_sandbox(tmp_path, chat
     [
         ("agent.episode_timeout_s=-1", "agent.episode_timeout_s=-1"),
         ("agent.rollout_timeout_s=-5", "agent.rollout_timeout_s=-5"),
-        ("agent.prewarm_sandboxes=-1", "prewarm_sandboxes"),
+        ("agent.prewarm_sandboxes=-2", "prewarm_sandboxes"),  # -1: derived (config/capacity.py)
         ("agent.concurrency=5", "at most sandbox.max_concurrent x cluster.nodes"),
     ],
 )
