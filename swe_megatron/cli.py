@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
+from swe_megatron import __version__
 from swe_megatron.config import ConfigError
 
 # UsageError lives outside this module so `python -m swe_megatron.cli` (which loads this file as
 # __main__) catches the same class the command modules raise; re-exported here for them.
 from swe_megatron.errors import UsageError
 
-__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main", "parse_args"]
 
 COMMANDS = [
     "swe_megatron.config.command",  # show-config
@@ -36,21 +38,43 @@ def build_parser() -> argparse.ArgumentParser:
         prog="swe-megatron",
         description="Train open-weight LLMs into SWE agents with RFT + two-stage DAPO (Megatron-Core, vLLM).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).register(sub)
     return parser
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_][\w.\[\]-]*=")
+"""A dotted `key=value` override (or `GROUP=NAME`), as opposed to an option or a positional argument."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; `key=value` overrides may stand anywhere after the subcommand, also after
+    its options (argparse alone takes them only right after the positional CONFIG)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    sub = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices[args.command]
+    overrides = [a for a in extra if _OVERRIDE.match(a)]
+    unknown = [a for a in extra if not _OVERRIDE.match(a)]
+    if overrides and not hasattr(args, "overrides"):
+        unknown = extra  # this command takes no overrides
+    if unknown:
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run one subcommand; user errors become one line on stderr and exit 2."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as e:
-        print(f"swe-megatron {args.command}: config error: {e}", file=sys.stderr)
+        print(f"swe-megatron {args.command}: error: config: {e}", file=sys.stderr)
     except UsageError as e:
-        print(f"swe-megatron {args.command}: {e}", file=sys.stderr)
+        print(f"swe-megatron {args.command}: error: {e}", file=sys.stderr)
     return 2
 
 
