@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,16 @@ def _explain(e: OmegaConfBaseException, where: str) -> ConfigError:
     return ConfigError(f"{where}: {msg}")
 
 
+def _blame(problem: str, overrides: list[str] | tuple[str, ...], path: Path) -> str:
+    """A validation problem with where its value came from: the overrides naming its key, else the preset."""
+    named = [
+        item
+        for item in overrides
+        if re.search(rf"(?<![\w.]){re.escape(item.partition('=')[0].strip())}(?![\w])", problem)
+    ]
+    return f"{problem} (from override {', '.join(named)})" if named else f"{problem} (from {path})"
+
+
 def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose a preset with `key=value` overrides into a typed, validated, read-only RunConfig.
 
@@ -166,9 +177,7 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Dic
         ) from None
     problems = validate(cfg)
     if problems:
-        raise ConfigError(
-            f"{path}: " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-        )
+        raise ConfigError("; ".join(_blame(p, overrides, path) for p in problems))
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

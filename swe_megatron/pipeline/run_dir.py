@@ -43,18 +43,19 @@ def _get(cfg_dict: dict, dotted: str) -> Any:
     return node
 
 
+def _differences(key: str, a: Any, b: Any) -> list[str]:
+    """`key.leaf: a -> b` for each leaf that differs (mappings compared key by key, not printed whole)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [
+            d for k in sorted(a.keys() | b.keys()) for d in _differences(f"{key}.{k}", a.get(k), b.get(k))
+        ]
+    return [] if a == b else [f"{key}: {json.dumps(a)} -> {json.dumps(b)}"]
+
+
 def resume_conflicts(old: dict, new: dict, started_stages: list[str]) -> list[str]:
     """Human-readable differences between two resolved configs that break a resume (empty: compatible)."""
-    out = []
-    for key in RESUME_KEYS:
-        if _get(old, key) != _get(new, key):
-            out.append(f"{key}: {json.dumps(_get(old, key))} -> {json.dumps(_get(new, key))}")
-    for stage in started_stages:
-        for key in STAGE_RESUME_KEYS:
-            a, b = _get(old, f"{stage}.{key}"), _get(new, f"{stage}.{key}")
-            if a != b:
-                out.append(f"{stage}.{key}: {json.dumps(a)} -> {json.dumps(b)}")
-    return out
+    keys = [*RESUME_KEYS, *(f"{stage}.{key}" for stage in started_stages for key in STAGE_RESUME_KEYS)]
+    return [d for key in keys for d in _differences(key, _get(old, key), _get(new, key))]
 
 
 def state_problem(state: Any) -> str | None:

@@ -290,3 +290,25 @@ def test_a_group_override_merges_a_fragment_in_place(tmp_path):
         fast.algo.max_staleness == 1 and fast.algo.off_policy.tis_cap == 2.0 and fast.agent.partial_rollouts
     )
     assert load_config("embedded").algo.max_staleness == 0  # the paper's synchronous loop by default
+
+
+def test_every_config_problem_is_listed_with_its_source():
+    """Issue 27: '(and 1 more)' hid the second error, and an override's error was blamed on the preset."""
+    with pytest.raises(ConfigError) as info:
+        load_config("embedded", ["stage2.eps_low=1.5", "stage1.t_max=0"])
+    msg = str(info.value)
+    assert "more)" not in msg and "\n" not in msg
+    assert (
+        "stage2.eps_low=1.5 is invalid; allowed: 0 < eps_low < 1 (the paper: 0.2) (from override stage2.eps_low=1.5)"
+        in msg
+    )
+    assert "stage1.t_max=0 is invalid; allowed: an integer >= 1 turns (from override stage1.t_max=0)" in msg
+    preset = CONFIGS_DIR / "embedded.yaml"
+    assert (
+        f"stage1.l_thr=3 is invalid; allowed: 0 <= l_thr < t_max (0) (from {preset})" in msg
+    )  # preset's value
+
+
+def test_an_empty_schedule_is_refused():
+    with pytest.raises(ConfigError, match=r"schedule=\[\] is invalid \(nothing to run\)"):
+        load_config("embedded", ["schedule=[]"])
