@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import re
+import signal
 import sys
+import threading
 
 from swe_megatron import __version__
 from swe_megatron.config import ConfigError
 
 # UsageError lives outside this module so `python -m swe_megatron.cli` (which loads this file as
 # __main__) catches the same class the command modules raise; re-exported here for them.
-from swe_megatron.errors import UsageError
+from swe_megatron.errors import UsageError, stop_on_signal
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "parse_args"]
 
@@ -67,15 +70,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run one subcommand; user errors become one line on stderr and exit 2."""
+    """Parse arguments and run one subcommand. User errors become one line on stderr and exit 2; Ctrl-C and
+    SIGTERM one line saying what is kept (a command's `args.kept()`, if it sets one) and exit 128 + signal."""
     args = parse_args(argv)
+    handlers = _catch_signals()
     try:
         return args.func(args)
     except ConfigError as e:
         print(f"swe-megatron {args.command}: error: config: {e}", file=sys.stderr)
     except UsageError as e:
         print(f"swe-megatron {args.command}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        logging.disable(logging.WARNING)
+        kept = getattr(args, "kept", None)
+        print(f"swe-megatron {args.command}: interrupted{'; ' + kept() if kept else ''}", file=sys.stderr)
+        return 128 + getattr(e, "signum", signal.SIGINT)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     return 2
+
+
+def _catch_signals() -> dict[int, object]:
+    """SIGINT and SIGTERM raise Interrupted (errors.stop_on_signal) while a command runs; the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def run() -> None:

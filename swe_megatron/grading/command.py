@@ -15,7 +15,7 @@ from swe_megatron.config.load import load_config
 from swe_megatron.errors import UsageError
 from swe_megatron.grading.grader import TaskGradingError, grade_many, task_grading
 from swe_megatron.grading.report import PredictionsError, build_report, load_predictions, write_report
-from swe_megatron.sandbox import make_sandbox
+from swe_megatron.sandbox import SandboxError, check_host, make_sandbox
 from swe_megatron.tasks.load import load_tasks_for_command
 
 
@@ -47,7 +47,15 @@ def _grade(args: argparse.Namespace) -> int:
             raise UsageError(f"tasks file {args.tasks}: {e}") from None
 
     out = Path(args.out) if args.out else Path(args.predictions).with_suffix(".report.json")
+    if out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
+        raise UsageError(f"--out {out}: give a report file path (REPORT.json) in a folder")
+    if out.exists():
+        print(f"replacing the report {out}", file=sys.stderr)
     log_root = Path(args.log_dir) if args.log_dir else out.with_name(out.name.removesuffix(".json") + ".logs")
+    try:
+        check_host(cfg)
+    except SandboxError as e:
+        raise UsageError(f"sandbox backend {cfg.backend.value}: {e}") from None
     jobs = [(by_id[iid], p["model_patch"], log_root / _safe(iid)) for iid, p in predictions.items()]
     done = [0]
 

@@ -11,17 +11,18 @@ import argparse
 from pathlib import Path
 
 from swe_megatron.config.load import load_config
-from swe_megatron.errors import UsageError
+from swe_megatron.errors import UsageError, output_folder
 from swe_megatron.tasks.load import load_tasks_for_command
 
 
 def _run(args: argparse.Namespace) -> int:
     # lazy: torch, transformers (pipeline.driver, run_dir); the CLI imports every command module at start
     from swe_megatron.pipeline.driver import run
-    from swe_megatron.pipeline.run_dir import RunDir
+    from swe_megatron.pipeline.run_dir import RunDir, committed_note
 
     cfg = load_config(args.config, args.overrides)
     RunDir(cfg.run_dir)  # a damaged run_dir is refused here, before any process starts or anything is written
+    args.kept = lambda: committed_note(cfg.run_dir)
     return run(cfg)
 
 
@@ -38,8 +39,8 @@ def _eval(args: argparse.Namespace) -> int:
         raise UsageError(f"--checkpoint {ckpt}: no HF checkpoint (config.json) there or in {ckpt}/hf")
     tasks = load_tasks_for_command(args.tasks, args.max_tasks)
     if args.runs < 1:
-        raise UsageError("--runs must be >= 1")
-    out = Path(args.out) if args.out else ckpt / "eval"
+        raise UsageError(f"--runs {args.runs} is invalid; allowed: an integer >= 1")
+    out = output_folder(args.out or str(ckpt / "eval"))
     out.mkdir(parents=True, exist_ok=True)
     from omegaconf import OmegaConf
 
@@ -79,8 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--runs", type=int, default=10, metavar="N", help="runs per task (default 10, the paper's)"
     )
-    e.add_argument("--max-tasks", type=int, default=0, metavar="N", help="only the first N tasks")
-    e.add_argument("--out", metavar="DIR", help="output folder (default: DIR/eval)")
+    e.add_argument("--max-tasks", type=int, metavar="N", help="only the first N tasks (default: all)")
+    e.add_argument("--out", metavar="DIR", help="output folder, new or empty (default: DIR/eval)")
     e.add_argument(
         "--model-name", help="model_name_or_path in the predictions (default: model name + checkpoint)"
     )

@@ -75,6 +75,17 @@ def state_problem(state: Any) -> str | None:
     return f"has a malformed {', '.join(bad)} (format {STATE_FORMAT} expected)" if bad else None
 
 
+def committed_note(root: str | Path) -> str:
+    """What an interrupted run keeps, in one phrase: its committed units and how to go on."""
+    try:
+        done = RunDir(root).state["done"]
+    except UsageError:
+        done = []
+    if not done:
+        return f"committed: nothing yet in {root}; rerun the same command to start"
+    return f"committed: {len(done)} unit(s), the last {done[-1]} ({root}); rerun the same command to resume"
+
+
 class RunDir:
     """Paths and committed state of one run directory (UsageError, writing nothing, when it is damaged)."""
 

@@ -11,6 +11,7 @@ are in `swe_megatron/train/memory_plan.py`.
 from __future__ import annotations
 
 import argparse
+import math
 
 import yaml
 from omegaconf import OmegaConf
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from swe_megatron.config import ConfigError
 from swe_megatron.config.load import find_preset, load_config
 from swe_megatron.config.schema import ModelConfig, Recompute
+from swe_megatron.errors import UsageError
 from swe_megatron.train.memory_plan import estimate_sync, format_table, plan_layouts
 
 
@@ -71,7 +73,26 @@ def _print_sync(args: argparse.Namespace, model: ModelConfig) -> None:
     )
 
 
+POSITIVE = ("context", "gpus", "gpus_per_node", "gpu_gib", "top", "fs_write_gbps", "fs_read_gbps", "nic_gbps")
+"""plan's numbers that must be > 0 (and finite); usable_fraction is in (0, 1], overhead_gib >= 0."""
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    bad = [
+        f"--{k.replace('_', '-')} {getattr(args, k)} (allowed: > 0)"
+        for k in POSITIVE
+        if not 0 < getattr(args, k) < math.inf
+    ]
+    if not 0 < args.usable_fraction <= 1:
+        bad.append(f"--usable-fraction {args.usable_fraction} (allowed: 0 < f <= 1)")
+    if not 0 <= args.overhead_gib < math.inf:
+        bad.append(f"--overhead-gib {args.overhead_gib} (allowed: >= 0)")
+    if bad:
+        raise UsageError("invalid: " + "; ".join(bad))
+
+
 def _plan(args: argparse.Namespace) -> int:
+    _check_numbers(args)
     model = load_model_preset(args.model)
     _print_sync(args, model)
     layouts = plan_layouts(
