@@ -99,7 +99,12 @@ def _catch_signals() -> dict[int, object]:
 
 
 def run() -> None:
-    """Console-script wrapper: exit with main()'s status."""
+    """Console-script wrapper: exit with main()'s status. Output is line-buffered also when it is a file or a
+    pipe (Slurm's job log), so each line shows when it is printed."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
     sys.exit(main())
 
 

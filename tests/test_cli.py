@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import select
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +58,42 @@ def test_version_and_python_m():
     for cmd in (["-m", "swe_megatron", "--version"], ["-m", "swe_megatron.cli", "--version"]):
         res = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and res.stdout.strip() == f"swe-megatron {__version__}", res
+
+
+LINES = """
+import sys, time
+from swe_megatron import cli
+
+def register(sub):
+    sub.add_parser("tick").set_defaults(func=tick)
+
+def tick(args):
+    print("unit 1 committed")
+    open(sys.argv[0] + ".printed", "w").close()  # the parent reads the pipe only now
+    time.sleep(60)
+    return 0
+
+cli.COMMANDS.append("__main__")
+sys.argv = [__file__, "tick"]
+cli.run()
+"""
+
+
+def test_output_is_line_buffered_into_a_pipe(tmp_path):
+    """Under Slurm stdout is a file: a line must show when printed, not when a block buffer fills."""
+    script = tmp_path / "tick.py"
+    script.write_text(LINES)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a plain job environment
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:  # block-buffered, the line would only come at exit
+        deadline = time.monotonic() + 240  # the interpreter's start, on a loaded machine
+        while not Path(f"{script}.printed").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert select.select([proc.stdout], [], [], 5)[0], (
+            "the line is not in the pipe: stdout is not line-buffered"
+        )
+        assert proc.stdout.readline() == "unit 1 committed\n"
+    finally:
+        proc.kill()
+        proc.wait()

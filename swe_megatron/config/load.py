@@ -3,6 +3,8 @@
 A preset is a YAML file whose optional `_base_` list names other presets (paths relative to
 `configs/`, or to the file itself); they are merged in order, then the file, then the overrides
 (`key=value`, or `cluster=cpu-3x`: a fragment of configs/algo/, cluster/, model/ or stage/ merged in place).
+Paths in the config (PATH_KEYS: run_dir, tasks.*_file, ...) are read relative to the repository root, whatever
+the current directory, and stored absolute in the resolved config.
 Every error a user can cause ends in one `ConfigError` naming the key and what is allowed.
 """
 
@@ -24,6 +26,38 @@ from swe_megatron.config.validate import validate
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 """The presets shipped with the repository."""
+REPO_ROOT = CONFIGS_DIR.parent
+"""Relative paths in a config are read from here (not from the current directory)."""
+PATH_KEYS = (
+    "run_dir",
+    "tasks.train_file",
+    "tasks.test_file",
+    "cluster.log_dir",
+    "cluster.rendezvous",
+    "engine.cache_dir",
+)
+"""Config fields holding a path: made absolute at load (`~` expanded, relative ones under REPO_ROOT), so a run
+means the same folders from any working directory. model.hf_path and model.tokenizer stay as written (a
+folder or a hub id); sandbox paths must be written absolute (sandbox servers on other nodes read them)."""
+
+
+def absolute_path(value: str) -> str:
+    """A config path as the run uses it: empty stays empty, `~` expands, relative is under REPO_ROOT."""
+    if not value:
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else REPO_ROOT / path)
+
+
+def resolve_paths(cfg: Any) -> None:
+    """Make PATH_KEYS of a config (DictConfig or plain dict) absolute in place (see absolute_path)."""
+    for key in PATH_KEYS:
+        *parents, leaf = key.split(".")
+        node = cfg
+        for part in parents:
+            node = node.get(part) if node is not None else None
+        if node is not None and isinstance(node.get(leaf), str):
+            node[leaf] = absolute_path(node[leaf])
 
 
 class ConfigError(ValueError):
@@ -175,6 +209,7 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Dic
         raise ConfigError(
             f"{path}: cannot resolve interpolation at {getattr(e, 'full_key', '?')}: {e.msg}"
         ) from None
+    resolve_paths(cfg)
     problems = validate(cfg)
     if problems:
         raise ConfigError("; ".join(_blame(p, overrides, path) for p in problems))

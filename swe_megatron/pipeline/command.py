@@ -12,26 +12,24 @@ from pathlib import Path
 
 from swe_megatron.config.load import load_config
 from swe_megatron.errors import UsageError, output_folder
+from swe_megatron.monitor.console import library_warnings_to
 from swe_megatron.tasks.load import load_tasks_for_command
 
 
 def _run(args: argparse.Namespace) -> int:
     # lazy: torch, transformers (pipeline.driver, run_dir); the CLI imports every command module at start
-    from swe_megatron.pipeline.driver import run
     from swe_megatron.pipeline.run_dir import RunDir, committed_note
 
     cfg = load_config(args.config, args.overrides)
     RunDir(cfg.run_dir)  # a damaged run_dir is refused here, before any process starts or anything is written
     args.kept = lambda: committed_note(cfg.run_dir)
+    library_warnings_to(Path(cfg.run_dir) / "logs" / "library-warnings.log")  # before Megatron is imported
+    from swe_megatron.pipeline.driver import run
+
     return run(cfg)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    # lazy: torch, transformers (pipeline.eval, topology, rollout.setup)
-    from swe_megatron.pipeline.eval import evaluate
-    from swe_megatron.pipeline.topology import Topology
-    from swe_megatron.rollout.setup import Rollouts
-
     cfg = load_config(args.config, args.overrides)
     ckpt = Path(args.checkpoint)
     model_dir = ckpt / "hf" if (ckpt / "hf" / "config.json").exists() else ckpt
@@ -42,7 +40,13 @@ def _eval(args: argparse.Namespace) -> int:
         raise UsageError(f"--runs {args.runs} is invalid; allowed: an integer >= 1")
     out = output_folder(args.out or str(ckpt / "eval"))
     out.mkdir(parents=True, exist_ok=True)
+    library_warnings_to(out / "library-warnings.log")
+    # lazy: torch, transformers (pipeline.eval, topology, rollout.setup)
     from omegaconf import OmegaConf
+
+    from swe_megatron.pipeline.eval import evaluate
+    from swe_megatron.pipeline.topology import Topology
+    from swe_megatron.rollout.setup import Rollouts
 
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     with Topology(cfg, out / "topology", out / "config.yaml") as topo:

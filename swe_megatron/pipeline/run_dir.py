@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from swe_megatron.algo import TaskPool
 from swe_megatron.atomic_write import write_atomic, write_json_atomic
+from swe_megatron.config.load import resolve_paths
 from swe_megatron.errors import UsageError
 from swe_megatron.monitor import Monitor, NullMonitor
 
@@ -121,6 +122,7 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.config_path.exists():
             old = OmegaConf.to_container(OmegaConf.load(self.config_path), resolve=True)
+            resolve_paths(old)  # a run stored before paths were made absolute at load
             started = sorted({u.split(":")[0] for u in self.state["done"]})
             bad = resume_conflicts(old, new, started)
             if bad:
@@ -148,6 +150,11 @@ class RunDir:
             shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True, exist_ok=True)
         return d
+
+    def unit_metrics(self, unit: str) -> dict:
+        """A unit's metrics.json ({} when it wrote none, e.g. init)."""
+        path = self.root / "units" / unit.replace(":", "-") / "metrics.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
 
     def checkpoint_dir(self, unit: str) -> Path:
         """Where a unit's checkpoint goes (wiped first: an uncommitted attempt may have left one)."""

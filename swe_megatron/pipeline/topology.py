@@ -217,10 +217,13 @@ class Topology:
         log.close()
         self._record()
         url = f"http://127.0.0.1:{port}"
+        print(f"topology: starting sandbox server on {url} (log: {self.work_dir / 'sandbox-server.log'})",
+              file=sys.stderr, flush=True)  # fmt: skip
         auth = {"Authorization": f"Bearer {token}"}
         why = wait_healthy(url, self.sandbox_proc, 120, "/v1/health", auth, interval_s=0.5)
         if why is not None:
             tail = (self.work_dir / "sandbox-server.log").read_text(errors="replace")[-2000:]
             raise EngineError(f"sandbox server on {url} {why}:\n{tail}")
+        print(f"topology: sandbox server on {url} ready", file=sys.stderr, flush=True)
         self.sandboxes = SandboxPool.connect([url], token, command_timeout_s=self.cfg.sandbox.grade_timeout_s)
         return self.sandboxes

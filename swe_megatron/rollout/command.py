@@ -25,6 +25,7 @@ from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
 from swe_megatron.errors import UsageError, output_folder
 from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.monitor.console import library_warnings_to
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
 from swe_megatron.tasks.load import load_tasks_for_command
 from swe_megatron.trajectory import Trajectory
@@ -43,6 +44,7 @@ def _rollout(args: argparse.Namespace) -> int:
     out = output_folder(args.out)
     out.mkdir(parents=True, exist_ok=True)
     args.kept = lambda: f"trajectories finished so far: {out / 'trajectories.jsonl'}; rerun into a new --out"
+    library_warnings_to(out / "library-warnings.log")
     # lazy, after the checks: torch, transformers (rollout.setup); the CLI imports every command module at start
     from swe_megatron.rollout.setup import Rollouts
 
