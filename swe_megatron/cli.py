@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import re
+import signal
 import sys
+import threading
 
+from swe_megatron import __version__
 from swe_megatron.config import ConfigError
 
 # UsageError lives outside this module so `python -m swe_megatron.cli` (which loads this file as
 # __main__) catches the same class the command modules raise; re-exported here for them.
-from swe_megatron.errors import UsageError
+from swe_megatron.errors import UsageError, stop_on_signal
 
-__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main", "parse_args"]
 
 COMMANDS = [
     "swe_megatron.config.command",  # show-config
@@ -36,26 +41,70 @@ def build_parser() -> argparse.ArgumentParser:
         prog="swe-megatron",
         description="Train open-weight LLMs into SWE agents with RFT + two-stage DAPO (Megatron-Core, vLLM).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).register(sub)
     return parser
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_][\w.\[\]-]*=")
+"""A dotted `key=value` override (or `GROUP=NAME`), as opposed to an option or a positional argument."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; `key=value` overrides may stand anywhere after the subcommand, also after
+    its options (argparse alone takes them only right after the positional CONFIG)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    sub = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices[args.command]
+    overrides = [a for a in extra if _OVERRIDE.match(a)]
+    unknown = [a for a in extra if not _OVERRIDE.match(a)]
+    if overrides and not hasattr(args, "overrides"):
+        unknown = extra  # this command takes no overrides
+    if unknown:
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run one subcommand; user errors become one line on stderr and exit 2."""
-    args = build_parser().parse_args(argv)
+    """Parse arguments and run one subcommand. User errors become one line on stderr and exit 2; Ctrl-C and
+    SIGTERM one line saying what is kept (a command's `args.kept()`, if it sets one) and exit 128 + signal."""
+    args = parse_args(argv)
+    handlers = _catch_signals()
     try:
         return args.func(args)
     except ConfigError as e:
-        print(f"swe-megatron {args.command}: config error: {e}", file=sys.stderr)
+        print(f"swe-megatron {args.command}: error: config: {e}", file=sys.stderr)
     except UsageError as e:
-        print(f"swe-megatron {args.command}: {e}", file=sys.stderr)
+        print(f"swe-megatron {args.command}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        logging.disable(logging.WARNING)
+        kept = getattr(args, "kept", None)
+        print(f"swe-megatron {args.command}: interrupted{'; ' + kept() if kept else ''}", file=sys.stderr)
+        return 128 + getattr(e, "signum", signal.SIGINT)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     return 2
 
 
+def _catch_signals() -> dict[int, object]:
+    """SIGINT and SIGTERM raise Interrupted (errors.stop_on_signal) while a command runs; the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
 def run() -> None:
-    """Console-script wrapper: exit with main()'s status."""
+    """Console-script wrapper: exit with main()'s status. Output is line-buffered also when it is a file or a
+    pipe (Slurm's job log), so each line shows when it is printed."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
     sys.exit(main())
 
 

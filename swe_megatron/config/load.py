@@ -3,6 +3,8 @@
 A preset is a YAML file whose optional `_base_` list names other presets (paths relative to
 `configs/`, or to the file itself); they are merged in order, then the file, then the overrides
 (`key=value`, or `cluster=cpu-3x`: a fragment of configs/algo/, cluster/, model/ or stage/ merged in place).
+Paths in the config (PATH_KEYS: run_dir, tasks.*_file, ...) are read relative to the repository root, whatever
+the current directory, and stored absolute in the resolved config.
 Every error a user can cause ends in one `ConfigError` naming the key and what is allowed.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import typing
 import warnings
 from pathlib import Path
@@ -25,6 +28,38 @@ from swe_megatron.config.validate import validate
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 """The presets shipped with the repository."""
+REPO_ROOT = CONFIGS_DIR.parent
+"""Relative paths in a config are read from here (not from the current directory)."""
+PATH_KEYS = (
+    "run_dir",
+    "tasks.train_file",
+    "tasks.test_file",
+    "cluster.log_dir",
+    "cluster.rendezvous",
+    "engine.cache_dir",
+)
+"""Config fields holding a path: made absolute at load (`~` expanded, relative ones under REPO_ROOT), so a run
+means the same folders from any working directory. model.hf_path and model.tokenizer stay as written (a
+folder or a hub id); sandbox paths must be written absolute (sandbox servers on other nodes read them)."""
+
+
+def absolute_path(value: str) -> str:
+    """A config path as the run uses it: empty stays empty, `~` expands, relative is under REPO_ROOT."""
+    if not value:
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else REPO_ROOT / path)
+
+
+def resolve_paths(cfg: Any) -> None:
+    """Make PATH_KEYS of a config (DictConfig or plain dict) absolute in place (see absolute_path)."""
+    for key in PATH_KEYS:
+        *parents, leaf = key.split(".")
+        node = cfg
+        for part in parents:
+            node = node.get(part) if node is not None else None
+        if node is not None and isinstance(node.get(leaf), str):
+            node[leaf] = absolute_path(node[leaf])
 
 
 class ConfigError(ValueError):
@@ -138,6 +173,16 @@ def _explain(e: OmegaConfBaseException, where: str) -> ConfigError:
     return ConfigError(f"{where}: {msg}")
 
 
+def _blame(problem: str, overrides: list[str] | tuple[str, ...], path: Path) -> str:
+    """A validation problem with where its value came from: the overrides naming its key, else the preset."""
+    named = [
+        item
+        for item in overrides
+        if re.search(rf"(?<![\w.]){re.escape(item.partition('=')[0].strip())}(?![\w])", problem)
+    ]
+    return f"{problem} (from override {', '.join(named)})" if named else f"{problem} (from {path})"
+
+
 def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose a preset with `key=value` overrides into a typed, validated, read-only RunConfig.
 
@@ -170,12 +215,11 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Dic
         raise ConfigError(
             f"{path}: cannot resolve interpolation at {getattr(e, 'full_key', '?')}: {e.msg}"
         ) from None
+    resolve_paths(cfg)
     derive(cfg)
     problems = validate(cfg)
     if problems:
-        raise ConfigError(
-            f"{path}: " + problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-        )
+        raise ConfigError("; ".join(_blame(p, overrides, path) for p in problems))
     for message in idle_warnings(cfg):
         warnings.warn(f"{path.name}: {message}", CapacityWarning, stacklevel=2)
     OmegaConf.set_readonly(cfg, True)

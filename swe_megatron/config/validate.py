@@ -135,6 +135,8 @@ def sandbox_problems(sb: Any) -> list[str]:
 
 def _schedule_problems(cfg: Any) -> list[str]:
     out = []
+    if not cfg.schedule:
+        out.append(f"schedule=[] is invalid (nothing to run); allowed: a list of {', '.join(SCHEDULE_NAMES)}")
     for entry in cfg.schedule:
         if entry not in SCHEDULE_NAMES:
             out.append(f"schedule entry {entry!r} is invalid; allowed: {', '.join(SCHEDULE_NAMES)}")

@@ -2,7 +2,8 @@
 
 The server ignores the model's generation_config (`--generation-config vllm`), so only the sampling
 parameters each request spells out apply. Dev-mode routes are on (weight reload through /collective_rpc).
-Caches, compile artefacts and IPC sockets go under `work_dir`, not ~/.cache or /tmp.
+Compile caches go to engine.cache_dir (shared by runs, never inside an output folder); IPC sockets and
+temporary files under `work_dir`, not /tmp.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,9 +132,10 @@ def _has_gpu() -> bool:
 
 
 def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
-    """Environment of a server process: small CPU KV cache, dev-mode routes, caches under work_dir."""
+    """Environment of a server process: small CPU KV cache, dev-mode routes, caches in cfg.cache_dir (shared by
+    runs, outside output folders), sockets and temporary files under work_dir."""
     env = dict(os.environ)
-    cache = work_dir / "cache"
+    cache = Path(cfg.cache_dir).expanduser()
     env.update(
         VLLM_CPU_KVCACHE_SPACE=str(cfg.cpu_kvcache_gib),
         VLLM_SERVER_DEV_MODE="1",
@@ -147,8 +150,8 @@ def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    for d in ("tmp", "cache"):
-        (work_dir / d).mkdir(parents=True, exist_ok=True)
+    (work_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
     return env
 
 
@@ -166,12 +169,14 @@ class VllmServer:
     cfg: EngineConfig
     """Engine settings."""
     work_dir: Path
-    """Folder for its log, caches and sockets."""
+    """Folder for its log, sockets and temporary files."""
     max_model_len: int = 8192
     """Context length the server accepts (the stage's context_length)."""
     served_name: str = "policy"
     """Model name in requests."""
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    started_at: float = field(default=0.0, repr=False)
+    """time.monotonic() of the last start() (for the ready line)."""
 
     @property
     def url(self) -> str:
@@ -196,6 +201,12 @@ class VllmServer:
             preexec_fn=die_with_parent,
         )
         log.close()
+        self.started_at = time.monotonic()
+        print(
+            f"engine: starting vLLM server on port {self.port} (log: {self.log_path})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def wait_healthy(self, timeout_s: float = 300.0) -> None:
         """Block until this server answers (`wait_serving`); EngineError with the log's tail if the process dies,
@@ -203,6 +214,8 @@ class VllmServer:
         why = wait_serving(self.url, self.proc, self.model_dir, timeout_s)
         if why is not None:
             raise EngineError(f"vLLM server on port {self.port} {why}:\n{self._tail()}")
+        took = time.monotonic() - self.started_at
+        print(f"engine: vLLM server on port {self.port} ready ({took:.0f} s)", file=sys.stderr, flush=True)
 
     def _tail(self, n: int = 30) -> str:
         try:

@@ -25,7 +25,7 @@ from swe_megatron.grading.report import (
     write_report,
 )
 from swe_megatron.grading.swebench_light import import_swebench_grading
-from swe_megatron.sandbox import make_sandbox
+from swe_megatron.sandbox import SandboxError, check_host, make_sandbox
 from swe_megatron.tasks.load import load_tasks_for_command
 
 
@@ -57,9 +57,17 @@ def _grade(args: argparse.Namespace) -> int:
             raise UsageError(f"tasks file {args.tasks}: {e}") from None
 
     out = Path(args.out) if args.out else Path(args.predictions).with_suffix(".report.json")
+    if out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
+        raise UsageError(f"--out {out}: give a report file path (REPORT.json) in a folder")
+    if out.exists():
+        print(f"replacing the report {out}", file=sys.stderr)
     run_id = args.run_id or Path(args.predictions).name.removesuffix(".jsonl").removesuffix(".json")
     if run_id in (".", "..") or "/" in run_id or "\0" in run_id:
         raise UsageError(f"--run-id {run_id!r} is invalid; allowed: a folder name (no '/')")
+    try:
+        check_host(cfg)
+    except SandboxError as e:
+        raise UsageError(f"sandbox backend {cfg.backend.value}: {e}") from None
     swebench = import_swebench_grading()[2]  # constants: logs/run_evaluation
     runs = (
         (Path(args.log_dir) if args.log_dir else out.parent / "logs")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,6 +159,10 @@ def submit(config: str, overrides: list[str], cluster: str = "slurm"):
     cfg = load_config(config, overrides)
     if cluster not in ("slurm", "local", "debug"):
         raise LaunchError(f"--cluster {cluster!r} is unknown; allowed: slurm, local, debug")
+    if cluster == "slurm" and shutil.which("sbatch") is None:
+        raise LaunchError(
+            "--cluster slurm: no Slurm here (sbatch is not on PATH); run on a login node, or use --cluster local"
+        )
     run_dir = Path(cfg.run_dir).resolve()
     # The job runs from the repository root: pin the run directory so a relative run_dir means the same.
     overrides = [o for o in overrides if not o.startswith("run_dir=")] + [f"run_dir={run_dir}"]

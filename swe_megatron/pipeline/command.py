@@ -11,39 +11,45 @@ import argparse
 from pathlib import Path
 
 from swe_megatron.config.load import load_config
-from swe_megatron.errors import UsageError
+from swe_megatron.errors import UsageError, output_folder
+from swe_megatron.monitor.console import library_warnings_to
 from swe_megatron.tasks.load import load_tasks_for_command
 
 
 def _run(args: argparse.Namespace) -> int:
     # lazy: torch, transformers (pipeline.driver, run_dir); the CLI imports every command module at start
-    from swe_megatron.pipeline.driver import run
-    from swe_megatron.pipeline.run_dir import RunDir
+    from swe_megatron.pipeline.run_dir import RunDir, committed_note
 
     cfg = load_config(args.config, args.overrides)
     RunDir(cfg.run_dir)  # a damaged run_dir is refused here, before any process starts or anything is written
+    args.kept = lambda: committed_note(cfg.run_dir)
+    library_warnings_to(Path(cfg.run_dir) / "logs" / "library-warnings.log")  # before Megatron is imported
+    from swe_megatron.pipeline.driver import run
+
     return run(cfg)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    # lazy: torch, transformers (pipeline.eval, topology, rollout.setup)
-    from swe_megatron.pipeline.eval import check_model_name, evaluate, model_name
-    from swe_megatron.pipeline.topology import Topology
-    from swe_megatron.rollout.setup import Rollouts
-
     cfg = load_config(args.config, args.overrides)
     ckpt = Path(args.checkpoint)
     model_dir = ckpt / "hf" if (ckpt / "hf" / "config.json").exists() else ckpt
     if not (model_dir / "config.json").exists():
         raise UsageError(f"--checkpoint {ckpt}: no HF checkpoint (config.json) there or in {ckpt}/hf")
-    named = (model_dir.parent if model_dir.name == "hf" else model_dir).resolve().name
-    name = check_model_name(args.model_name) if args.model_name else model_name(cfg.model.name, named)
     tasks = load_tasks_for_command(args.tasks, args.max_tasks)
     if args.runs < 1:
-        raise UsageError("--runs must be >= 1")
-    out = Path(args.out) if args.out else ckpt / "eval"
+        raise UsageError(f"--runs {args.runs} is invalid; allowed: an integer >= 1")
+    # lazy: torch, transformers (pipeline.eval, topology, rollout.setup)
+    from swe_megatron.pipeline.eval import check_model_name, evaluate, model_name
+
+    named = (model_dir.parent if model_dir.name == "hf" else model_dir).resolve().name
+    name = check_model_name(args.model_name) if args.model_name else model_name(cfg.model.name, named)
+    out = output_folder(args.out or str(ckpt / "eval"))
     out.mkdir(parents=True, exist_ok=True)
+    library_warnings_to(out / "library-warnings.log")
     from omegaconf import OmegaConf
+
+    from swe_megatron.pipeline.topology import Topology
+    from swe_megatron.rollout.setup import Rollouts
 
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     with Topology(cfg, out / "topology", out / "config.yaml") as topo:
@@ -81,8 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--runs", type=int, default=10, metavar="N", help="runs per task (default 10, the paper's)"
     )
-    e.add_argument("--max-tasks", type=int, default=0, metavar="N", help="only the first N tasks")
-    e.add_argument("--out", metavar="DIR", help="output folder (default: DIR/eval)")
+    e.add_argument("--max-tasks", type=int, metavar="N", help="only the first N tasks (default: all)")
+    e.add_argument("--out", metavar="DIR", help="output folder, new or empty (default: DIR/eval)")
     e.add_argument(
         "--model-name",
         help="model_name_or_path in the predictions, a plain identifier (default: MODEL__CHECKPOINT)",

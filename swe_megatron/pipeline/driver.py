@@ -19,6 +19,7 @@ from swe_megatron.engine.gate import VersionGate
 from swe_megatron.model.hf_config import check_matches_hf
 from swe_megatron.model.tokenizer import save_tokenizer
 from swe_megatron.monitor import NullMonitor
+from swe_megatron.monitor.console import UnitClock
 from swe_megatron.pipeline import spmd
 from swe_megatron.pipeline.ahead import Ahead
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
@@ -123,7 +124,7 @@ def _run(cfg, world: spmd.World) -> int:
     # Closed in reverse: rollouts still running ahead stop before the servers they use.
     with topology as topo, contextlib.closing(sync), contextlib.closing(ahead):
         ctx = Context(cfg, run_dir, topo, monitor, train, tokenizer_files, world=world, weight_sync=sync,
-                      gate=gate, ahead=ahead)  # fmt: skip
+                      gate=gate, ahead=ahead, clock=UnitClock(planned_units(cfg), run_dir.state["done"]))  # fmt: skip
         try:
             initial_policy(ctx)
             _check_stop(ctx)

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from swe_megatron.algo import TaskPool
 from swe_megatron.atomic_write import write_atomic, write_json_atomic
+from swe_megatron.config.load import resolve_paths
 from swe_megatron.errors import UsageError
 from swe_megatron.monitor import Monitor, NullMonitor, key_layout
 
@@ -44,18 +45,19 @@ def _get(cfg_dict: dict, dotted: str) -> Any:
     return node
 
 
+def _differences(key: str, a: Any, b: Any) -> list[str]:
+    """`key.leaf: a -> b` for each leaf that differs (mappings compared key by key, not printed whole)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [
+            d for k in sorted(a.keys() | b.keys()) for d in _differences(f"{key}.{k}", a.get(k), b.get(k))
+        ]
+    return [] if a == b else [f"{key}: {json.dumps(a)} -> {json.dumps(b)}"]
+
+
 def resume_conflicts(old: dict, new: dict, started_stages: list[str]) -> list[str]:
     """Human-readable differences between two resolved configs that break a resume (empty: compatible)."""
-    out = []
-    for key in RESUME_KEYS:
-        if _get(old, key) != _get(new, key):
-            out.append(f"{key}: {json.dumps(_get(old, key))} -> {json.dumps(_get(new, key))}")
-    for stage in started_stages:
-        for key in STAGE_RESUME_KEYS:
-            a, b = _get(old, f"{stage}.{key}"), _get(new, f"{stage}.{key}")
-            if a != b:
-                out.append(f"{stage}.{key}: {json.dumps(a)} -> {json.dumps(b)}")
-    return out
+    keys = [*RESUME_KEYS, *(f"{stage}.{key}" for stage in started_stages for key in STAGE_RESUME_KEYS)]
+    return [d for key in keys for d in _differences(key, _get(old, key), _get(new, key))]
 
 
 def state_problem(state: Any) -> str | None:
@@ -73,6 +75,17 @@ def state_problem(state: Any) -> str | None:
     }
     bad = [key for key, ok in checks.items() if not ok]
     return f"has a malformed {', '.join(bad)} (format {STATE_FORMAT} expected)" if bad else None
+
+
+def committed_note(root: str | Path) -> str:
+    """What an interrupted run keeps, in one phrase: its committed units and how to go on."""
+    try:
+        done = RunDir(root).state["done"]
+    except UsageError:
+        done = []
+    if not done:
+        return f"committed: nothing yet in {root}; rerun the same command to start"
+    return f"committed: {len(done)} unit(s), the last {done[-1]} ({root}); rerun the same command to resume"
 
 
 class RunDir:
@@ -111,6 +124,7 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.config_path.exists():
             old = OmegaConf.to_container(OmegaConf.load(self.config_path), resolve=True)
+            resolve_paths(old)  # a run stored before paths were made absolute at load
             started = sorted({u.split(":")[0] for u in self.state["done"]})
             bad = resume_conflicts(old, new, started)
             if bad:
@@ -138,6 +152,11 @@ class RunDir:
             shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True, exist_ok=True)
         return d
+
+    def unit_metrics(self, unit: str) -> dict:
+        """A unit's metrics.json ({} when it wrote none, e.g. init)."""
+        path = self.root / "units" / unit.replace(":", "-") / "metrics.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
 
     def checkpoint_dir(self, unit: str) -> Path:
         """Where a unit's checkpoint goes (wiped first: an uncommitted attempt may have left one)."""

@@ -38,6 +38,7 @@ from swe_megatron.config.schema import LrSchedule, RunConfig
 from swe_megatron.engine.gate import VersionGate
 from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
 from swe_megatron.monitor import Monitor, key_curves
+from swe_megatron.monitor.console import UnitClock
 from swe_megatron.pipeline.ahead import Ahead
 from swe_megatron.pipeline.eval import evaluate, model_name
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
@@ -91,6 +92,8 @@ class Context:
     """The run's engine behind the gate weight updates close (engine/gate.py; rank 0's serves the engines)."""
     ahead: Ahead = field(default_factory=Ahead)
     """Rollouts of later RL iterations while the trainer updates (algo.max_staleness >= 1; rank 0)."""
+    clock: UnitClock = field(default_factory=UnitClock)
+    """Times the committed units for the console line of each (rank 0)."""
 
     @property
     def hf_dir(self) -> str:
@@ -153,6 +156,7 @@ def _commit(ctx: Context, unit: str, ckpt: dict | None, finish=None, train_step:
         if finish is not None:
             finish()
         ctx.run.commit(unit, ckpt, train_step=train_step)
+        print(ctx.clock.line(unit, ctx.run.unit_metrics(unit)), flush=True)
         return ctx.run.state
 
     ctx.run.state = ctx.world.lead(commit)

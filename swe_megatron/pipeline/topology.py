@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -33,6 +34,7 @@ from pathlib import Path
 from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.vllm_server import VllmServer, die_with_parent, engine_model_dir
+from swe_megatron.errors import stop_on_signal
 from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.net import free_port, port_or_free, wait_healthy
@@ -124,10 +126,11 @@ class Topology:
             signal.signal(sig, h)
 
     def _on_signal(self, signum, frame) -> None:
+        logging.disable(
+            logging.WARNING
+        )  # stopping the servers fails the episodes in flight: no warning storm
         self.stop_all()
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)
+        stop_on_signal(signum, frame)
 
     def _record(self) -> None:
         procs = [s.proc for s in self.servers if s.proc] + ([self.sandbox_proc] if self.sandbox_proc else [])
@@ -214,10 +217,13 @@ class Topology:
         log.close()
         self._record()
         url = f"http://127.0.0.1:{port}"
+        print(f"topology: starting sandbox server on {url} (log: {self.work_dir / 'sandbox-server.log'})",
+              file=sys.stderr, flush=True)  # fmt: skip
         auth = {"Authorization": f"Bearer {token}"}
         why = wait_healthy(url, self.sandbox_proc, 120, "/v1/health", auth, interval_s=0.5)
         if why is not None:
             tail = (self.work_dir / "sandbox-server.log").read_text(errors="replace")[-2000:]
             raise EngineError(f"sandbox server on {url} {why}:\n{tail}")
+        print(f"topology: sandbox server on {url} ready", file=sys.stderr, flush=True)
         self.sandboxes = SandboxPool.connect([url], token, command_timeout_s=self.cfg.sandbox.grade_timeout_s)
         return self.sandboxes

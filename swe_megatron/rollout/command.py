@@ -22,25 +22,32 @@ from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.config.load import load_config
 from swe_megatron.config.schema import EngineBackend
 from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
-from swe_megatron.errors import UsageError
+from swe_megatron.errors import UsageError, output_folder
 from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.monitor.console import library_warnings_to
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
 from swe_megatron.tasks.load import load_tasks_for_command
 from swe_megatron.trajectory import Trajectory
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    # lazy: torch, transformers (rollout.setup); the CLI imports every command module at start
-    from swe_megatron.rollout.setup import Rollouts
-
-    cfg = load_config(args.config, args.overrides)
+    for flag, value in (("--samples", args.samples), ("--concurrency", args.concurrency)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value} is invalid; allowed: an integer >= 1 (omit it for the default)")
+    concurrency = [f"agent.concurrency={args.concurrency}"] if args.concurrency else []
+    cfg = load_config(args.config, [*args.overrides, *concurrency])  # read-only from here on
     rv_file = args.rendezvous or cfg.cluster.rendezvous
     rv = rendezvous.load(rv_file) if rv_file else None
     stage = getattr(cfg, args.stage)
     tasks = load_tasks_for_command(args.tasks, args.max_tasks)
-    out = Path(args.out)
+    out = output_folder(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    args.kept = lambda: f"trajectories finished so far: {out / 'trajectories.jsonl'}; rerun into a new --out"
+    library_warnings_to(out / "library-warnings.log")
+    # lazy, after the checks: torch, transformers (rollout.setup); the CLI imports every command module at start
+    from swe_megatron.rollout.setup import Rollouts
+
     with ExitStack() as stack:
         sandboxes = None
         if rv is not None and rv.sandbox_servers:
@@ -48,8 +55,6 @@ def _rollout(args: argparse.Namespace) -> int:
                 rv.sandbox_servers, rv.token, command_timeout_s=cfg.sandbox.grade_timeout_s
             )
             stack.callback(sandboxes.close)
-        if args.concurrency:
-            cfg.agent.concurrency = args.concurrency
         chat = ChatFormat(load_tokenizer(cfg.model.tokenizer))
         engine = _engine(cfg, args, tasks, out, stack, chat, rv.engines if rv is not None else ())
         rollouts = Rollouts(cfg, engine, sandboxes, chat)
@@ -132,7 +137,13 @@ def _show(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot read {args.file}: {e}") from e
     if not -len(lines) <= args.index < len(lines):
         raise UsageError(f"{args.file} has {len(lines)} trajectories; --index {args.index} is out of range")
-    traj = Trajectory.from_json(lines[args.index])
+    try:
+        traj = Trajectory.from_json(lines[args.index])
+    except (ValueError, TypeError, KeyError) as e:
+        raise UsageError(
+            f"{args.file} line {args.index % len(lines) + 1} is not a trajectory ({e}); give a trajectories.jsonl "
+            "(a rollout's or RUN_DIR/units/UNIT/), not a predictions or tasks file"
+        ) from None
     print(render_trajectory(traj, color=sys.stdout.isatty()))
     return 0
 
@@ -143,13 +154,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", metavar="CONFIG", help="a preset under configs/ or a YAML path")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
     p.add_argument("--tasks", required=True, help="JSONL task file")
-    p.add_argument("--out", required=True, help="output folder (trajectories.jsonl, summary.json)")
+    p.add_argument(
+        "--out", required=True, help="output folder, new or empty (trajectories.jsonl, summary.json, grade/)"
+    )
     p.add_argument(
         "--stage", default="stage1", choices=["rft", "stage1", "stage2"], help="stage whose limits apply"
     )
-    p.add_argument("--samples", type=int, default=0, help="samples per task (default: the stage's G)")
-    p.add_argument("--max-tasks", type=int, default=0, help="use only the first N tasks")
-    p.add_argument("--concurrency", type=int, default=0, help="episodes at once (default: agent.concurrency)")
+    p.add_argument("--samples", type=int, help="samples per task (default: the stage's G)")
+    p.add_argument("--max-tasks", type=int, help="use only the first N tasks (default: all)")
+    p.add_argument("--concurrency", type=int, help="episodes at once (default: agent.concurrency)")
     p.add_argument("--engine-url", nargs="+", default=None, help="running vLLM servers to use")
     p.add_argument(
         "--rendezvous",

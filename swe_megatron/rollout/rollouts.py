@@ -420,14 +420,15 @@ class _Record:
     """Finished trajectories of a run_rollouts call: kept by (job, sample), counted, appended to the JSONL
     file and shown on the progress bar."""
 
-    def __init__(self, jobs: int, out_file: str | Path | None, progress: bool):
+    def __init__(self, jobs: int, out_file: str | Path | None, progress: bool | str):
         self.results: dict[tuple[int, int], Trajectory] = {}
         self.stats = RolloutStats()
         # backslashreplace: a lone surrogate (a non-UTF-8 byte in a patch, decoded with surrogateescape) can
         # only sit inside a JSON string, where its backslash-u form is the JSON escape that reads back as the
         # same text.
         self.sink = open(out_file, "a", encoding="utf-8", errors="backslashreplace") if out_file else None  # noqa: SIM115
-        self.bar = tqdm(total=jobs, desc="rollout", unit="ep", dynamic_ncols=True) if progress else None
+        label = progress if isinstance(progress, str) else "rollout"  # the unit's name, on a run
+        self.bar = tqdm(total=jobs, desc=label, unit="ep", dynamic_ncols=True) if progress else None
 
     def __call__(self, key: tuple[int, int], traj: Trajectory, retries: int) -> None:
         """Record one finished trajectory."""
@@ -454,12 +455,14 @@ def run_rollouts(
     samples_per_task: int,
     setup: RolloutSetup,
     out_file: str | Path | None = None,
-    progress: bool = True,
+    progress: bool | str = True,
     *,
     timeout_s: float | None = None,
     cancel_grace_s: float = 2.0,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """All tasks x samples, `agent.concurrency` at a time; trajectories in (task, sample) order.
+
+    progress: show a progress bar (a string: the bar's label, e.g. the unit's name).
 
     timeout_s: wall-clock limit of the whole call (None: agent.rollout_timeout_s; 0: none). Past it the
     running episodes and gradings are stopped, the rest skipped; after cancel_grace_s more the call

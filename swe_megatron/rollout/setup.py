@@ -134,6 +134,7 @@ class Rollouts:
         grade = swebench_grader(self.cfg.sandbox, out_dir / "grade", self.sandboxes)
         setup = RolloutSetup(engine, self.make_sandbox, grade, self.chat, self.prompts, self.cfg.agent, limits,
                              grade_sandbox=self.grade_sandbox)  # fmt: skip
-        trajs, stats = run_rollouts(tasks, samples, setup, traj_file, self.cfg.monitor.progress)
+        label = f"rollout {out_dir.name}"  # a run's unit folder (units/stage1-3) or the command's --out
+        trajs, stats = run_rollouts(tasks, samples, setup, traj_file, self.cfg.monitor.progress and label)
         check_servers(self.sandboxes, engine)
         return trajs, stats

@@ -32,6 +32,20 @@ def backend_class(name) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
+def check_host(cfg) -> None:
+    """SandboxError naming the fix when this machine lacks the tools of backend cfg.backend (checked before
+    any work starts, instead of one failed sandbox per task)."""
+    key = getattr(cfg.backend, "value", cfg.backend)
+    if key == "bwrap":
+        from swe_megatron.sandbox.bwrap import require_tools
+
+        require_tools()
+    elif key == "apptainer":
+        from swe_megatron.sandbox.apptainer import find_apptainer
+
+        find_apptainer()
+
+
 def make_sandbox(spec: SandboxSpec, cfg) -> Sandbox:
     """A new, not yet started sandbox of the backend cfg.backend (cfg: a SandboxConfig)."""
     return backend_class(cfg.backend)(spec, cfg)
@@ -44,5 +58,6 @@ __all__ = [
     "SandboxError",
     "SandboxSpec",
     "backend_class",
+    "check_host",
     "make_sandbox",
 ]

@@ -41,6 +41,16 @@ from swe_megatron.sandbox.users import SandboxUser, current_user, lookup_user
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def find_apptainer() -> str:
+    """The apptainer binary on the user's PATH (tests put a stand-in first); SandboxError naming the fix."""
+    found = shutil.which("apptainer", path=os.environ.get("PATH", SAFE_PATH))
+    if found is None:
+        raise SandboxError(
+            "apptainer is not installed (no `apptainer` on PATH); on a laptop use sandbox.backend=bwrap"
+        )
+    return found
+
+
 class ApptainerSandbox(ShellSandbox):
     """A sandbox in an Apptainer container made from spec.image (a SIF, or a name in sandbox.sif_dir)."""
 
@@ -66,12 +76,7 @@ class ApptainerSandbox(ShellSandbox):
         return self.cfg.max_processes if self.cfg.cgroup_limits or self._cgroup is not None else None
 
     def _prepare(self) -> None:
-        search = os.environ.get("PATH", SAFE_PATH)  # the user's PATH: tests put the stand-in first
-        self._apptainer = shutil.which("apptainer", path=search)
-        if self._apptainer is None:
-            raise SandboxError(
-                "apptainer is not installed (no `apptainer` on PATH); on a laptop use sandbox.backend=bwrap"
-            )
+        self._apptainer = find_apptainer()
         self._tools = {name: shutil.which(name, path=SAFE_PATH) for name in ("setpriv", "prlimit")}
         if self._tools["prlimit"] is None or (os.geteuid() == 0 and self._tools["setpriv"] is None):
             raise SandboxError(

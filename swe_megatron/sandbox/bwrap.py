@@ -33,6 +33,7 @@ starts every sandbox from one long-lived thread, since that signal follows the f
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -103,15 +104,27 @@ def system_tree() -> list[str]:
 def system_copies(modules: Iterable[str], roots: Iterable[str] | None = None) -> dict[str, str]:
     """Importable copies of these top-level modules under the sandbox's system tree (or `roots`):
     {module: a host path of a copy}. A task library with one is refused (tasks/factory): a patch could run
-    the unmutated copy instead of fixing the bug."""
+    the unmutated copy instead of fixing the bug.
+
+    A copy is a module or package that imports under that top-level name from some folder a patch could put
+    on sys.path: `NAME.py`, `NAME.pyc`, `NAME[.TAG].so` or a `NAME/` folder holding Python files, in a folder that is not
+    itself a package (no __init__.py). A submodule of a package (the stdlib's urllib/parse.py) imports only
+    as `urllib.parse` and is another module that happens to share the name, not a copy of the library `parse`.
+    """
     wanted, found = set(modules), {}
     for root in system_tree() if roots is None else roots:
         for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]  # cached bytecode imports only with its source
+            if "__init__.py" in files:
+                continue  # inside a package: its modules import only under the package's name
             for name in wanted.intersection(dirs):
-                found.setdefault(name, os.path.join(folder, name))
+                path = os.path.join(folder, name)
+                with contextlib.suppress(OSError):
+                    if any(f.endswith((".py", ".pyc", ".so")) for f in os.listdir(path)):
+                        found.setdefault(name, path)
             for name in files:
                 stem, dot, ext = name.partition(".")
-                if stem in wanted and dot and (ext == "py" or ext.endswith(("pyc", "so"))):
+                if stem in wanted and (ext in ("py", "pyc", "so") or (dot and ext.endswith(".so"))):
                     found.setdefault(stem, os.path.join(folder, name))
     return found
 

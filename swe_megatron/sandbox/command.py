@@ -23,14 +23,11 @@ from pathlib import Path
 from swe_megatron.config.load import load_config
 from swe_megatron.config.schema import SandboxBackend, SandboxConfig
 from swe_megatron.config.validate import sandbox_problems
+from swe_megatron.errors import UsageError
 from swe_megatron.sandbox.local import REFUSED
 
 TOKEN_ENV = "SWE_MEGATRON_SANDBOX_TOKEN"
 """Environment variable holding the server token when --token-file is not given."""
-
-
-class _Refused(Exception):
-    """A setup mistake: printed as one line, exit status 2."""
 
 
 def _read_token(path: str | None) -> str:
@@ -38,16 +35,16 @@ def _read_token(path: str | None) -> str:
         try:
             st = os.stat(path)
             if st.st_mode & stat.S_IROTH:
-                raise _Refused(f"token file {path} is readable by other users; chmod 600 it")
+                raise UsageError(f"token file {path} is readable by other users; chmod 600 it")
             token = Path(path).read_text().strip()
         except OSError as e:
-            raise _Refused(f"cannot read token file {path}: {e.strerror}") from None
+            raise UsageError(f"cannot read token file {path}: {e.strerror}") from None
     else:
         token = os.environ.get(TOKEN_ENV, "").strip()
         if not token:
-            raise _Refused(f"no token: give --token-file FILE or set {TOKEN_ENV}")
+            raise UsageError(f"no token: give --token-file FILE or set {TOKEN_ENV}")
     if len(token) < 16:
-        raise _Refused("the token must be at least 16 characters (e.g. `openssl rand -hex 32`)")
+        raise UsageError("the token must be at least 16 characters (e.g. `openssl rand -hex 32`)")
     return token
 
 
@@ -57,11 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     # lazy: the server's HTTP stack (sandbox.server, 0.2 s); the CLI imports every command module at start
     from swe_megatron.sandbox.server import SandboxServer
 
-    try:
-        token = _read_token(args.token_file)
-    except _Refused as e:
-        print(f"swe-megatron sandbox-server: {e}", file=sys.stderr)
-        return 2
+    token = _read_token(args.token_file)
     cfg = SandboxConfig()
     if args.config:
         cfg = OmegaConf.to_object(load_config(args.config, args.overrides).sandbox)
@@ -73,14 +66,9 @@ def _serve(args: argparse.Namespace) -> int:
         [] if 0 <= args.port < 65536 else [f"--port {args.port}: allowed 0..65535"]
     )
     if problems:
-        print(
-            f"swe-megatron sandbox-server: {problems[0].replace('sandbox.max_concurrent', '--max-concurrent')}",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError("; ".join(p.replace("sandbox.max_concurrent", "--max-concurrent") for p in problems))
     if cfg.backend == SandboxBackend.local and not cfg.allow_local:
-        print(f"swe-megatron sandbox-server: {REFUSED}", file=sys.stderr)
-        return 2
+        raise UsageError(REFUSED)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sandbox-server %(message)s")
     server = SandboxServer(cfg, token)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from swe_megatron.errors import UsageError
-from swe_megatron.tasks.factory.build import FactoryConfig, make_tasks
+from swe_megatron.tasks.factory.build import FactoryConfig, NoTasks, make_tasks
 from swe_megatron.tasks.factory.pypi import DEFAULT_PACKAGES, PackageSpec
 
 
@@ -29,15 +30,20 @@ def _make_tasks(args: argparse.Namespace) -> int:
         seed=args.seed,
         workers=args.workers,
     )
-    report = make_tasks(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out} is a file; give a folder (new, or an earlier make-tasks output)")
+    try:  # a library's refusal is logged as it happens; its reason is printed once, at the end
+        report = make_tasks(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    except NoTasks as e:
+        raise UsageError(str(e)) from None
     for lib in report["libraries"]:
-        status = lib.get("status")
-        if status == "used":
+        if lib.get("status") == "used":
             print(f"{lib['package']}: {lib['tasks']} tasks ({lib.get('split')})")
         else:
             print(f"{lib['package']}: not used ({lib.get('stage')}: {lib.get('reason')})")
     print(f"tasks: {report['tasks']['train']} train, {report['tasks']['test']} test -> {args.out}")
-    return 0 if sum(report["tasks"].values()) else 1
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

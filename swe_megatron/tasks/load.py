@@ -113,14 +113,39 @@ def _resolve_paths(task: Task, folder: Path) -> None:
             task.extra[key] = str((folder / value).resolve())
 
 
-def load_tasks_for_command(source: str | os.PathLike, max_tasks: int = 0) -> list[Task]:
-    """load_tasks for a command's task-file argument, the first max_tasks (0: all); a source that cannot be read
-    or holds a malformed row is one UsageError naming it (the file, line and field)."""
+def load_tasks_for_command(source: str | os.PathLike, max_tasks: int | None = None) -> list[Task]:
+    """load_tasks for a command's task-file argument, the first max_tasks (None: all). One UsageError, before
+    any work starts, for a source that cannot be read, holds a malformed row or no task at all, a max_tasks
+    below 1, or a task whose local repository or environment (extra.repo_dir / env_dir) is not there (a tasks
+    file moved away from the folders next to it)."""
+    if max_tasks is not None and max_tasks < 1:
+        raise UsageError(
+            f"--max-tasks {max_tasks} is invalid; allowed: an integer >= 1 (omit it for all tasks)"
+        )
+    if Path(source).is_dir():
+        raise UsageError(
+            f"tasks {source} is a folder; give a tasks file in it (e.g. {Path(source) / 'train.jsonl'})"
+        )
     try:
         tasks = load_tasks(source)
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read tasks from {source}: {e}") from None
-    return tasks[:max_tasks] if max_tasks else tasks
+    if not tasks:
+        raise UsageError(f"tasks file {source} holds no task")
+    tasks = tasks[:max_tasks]
+    missing = [
+        (t.instance_id, key, t.extra[key])
+        for t in tasks
+        for key in ("repo_dir", "env_dir")
+        if isinstance(t.extra.get(key), str) and t.extra[key] and not Path(t.extra[key]).is_dir()
+    ]
+    if missing:
+        iid, key, path = missing[0]
+        raise UsageError(
+            f"tasks file {source}: {len(missing)} local folder(s) are missing, e.g. {iid}'s {key} {path}; "
+            "keep the tasks file next to the folders it names (relative paths are read from its folder)"
+        )
+    return tasks
 
 
 def write_tasks(tasks: list[Task], path: str | os.PathLike) -> None:

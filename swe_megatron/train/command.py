@@ -14,6 +14,7 @@ each stage follows (rollout/plan.py; every assumption a flag).
 from __future__ import annotations
 
 import argparse
+import math
 
 import yaml
 from omegaconf import OmegaConf
@@ -100,8 +101,27 @@ def _assumptions(args: argparse.Namespace) -> RolloutAssumptions:
     )  # fmt: skip
 
 
+POSITIVE = ("context", "gpus", "gpus_per_node", "gpu_gib", "top", "fs_write_gbps", "fs_read_gbps", "nic_gbps")
+"""plan's numbers that must be > 0 (and finite); usable_fraction is in (0, 1], overhead_gib >= 0."""
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    bad = [
+        f"--{k.replace('_', '-')} {getattr(args, k)} (allowed: > 0)"
+        for k in POSITIVE
+        if not 0 < getattr(args, k) < math.inf
+    ]
+    if not 0 < args.usable_fraction <= 1:
+        bad.append(f"--usable-fraction {args.usable_fraction} (allowed: 0 < f <= 1)")
+    if not 0 <= args.overhead_gib < math.inf:
+        bad.append(f"--overhead-gib {args.overhead_gib} (allowed: >= 0)")
+    if bad:
+        raise UsageError("invalid: " + "; ".join(bad))
+
+
 def _plan(args: argparse.Namespace) -> int:
     cfg = _from_preset(args)
+    _check_numbers(args)
     if cfg is not None:
         print(format_phases(cfg, _assumptions(args)))
     model = load_model_preset(args.model)

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -96,7 +97,8 @@ def test_model_presets_match_hf_shapes():
 
 def test_overrides_and_interpolation():
     cfg = load_config("embedded", ["stage1.t_max=30", "name=x", "stage1.optim.betas=[0.8, 0.95]"])
-    assert cfg.stage1.t_max == 30 and cfg.run_dir == "runs/x" and list(cfg.stage1.optim.betas) == [0.8, 0.95]
+    assert cfg.stage1.t_max == 30 and list(cfg.stage1.optim.betas) == [0.8, 0.95]
+    assert cfg.run_dir == str(CONFIGS_DIR.parent / "runs" / "x")  # relative paths: under the repository
 
 
 @pytest.mark.parametrize(
@@ -321,3 +323,38 @@ def test_an_episode_deadline_the_agents_own_commands_can_reach_is_refused():
     assert "80 x 120 = 9600 s" in line, line
     load_config("paper-7b", ["agent.episode_timeout_s=9601"])
     load_config("paper-7b", ["agent.episode_timeout_s=0"])
+
+
+def test_every_config_problem_is_listed_with_its_source():
+    """Issue 27: '(and 1 more)' hid the second error, and an override's error was blamed on the preset."""
+    with pytest.raises(ConfigError) as info:
+        load_config("embedded", ["stage2.eps_low=1.5", "stage1.t_max=0"])
+    msg = str(info.value)
+    assert "more)" not in msg and "\n" not in msg
+    assert (
+        "stage2.eps_low=1.5 is invalid; allowed: 0 < eps_low < 1 (the paper: 0.2) (from override stage2.eps_low=1.5)"
+        in msg
+    )
+    assert "stage1.t_max=0 is invalid; allowed: an integer >= 1 turns (from override stage1.t_max=0)" in msg
+    preset = CONFIGS_DIR / "embedded.yaml"
+    assert (
+        f"stage1.l_thr=3 is invalid; allowed: 0 <= l_thr < t_max (0) (from {preset})" in msg
+    )  # preset's value
+
+
+def test_an_empty_schedule_is_refused():
+    with pytest.raises(ConfigError, match=r"schedule=\[\] is invalid \(nothing to run\)"):
+        load_config("embedded", ["schedule=[]"])
+
+
+def test_config_paths_are_read_from_the_repository_not_the_cwd(tmp_path, monkeypatch):
+    """Run from another folder, a relative tasks file was looked for (and built) there (issue 27 item 4)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(
+        "embedded", ["run_dir=runs/y", "cluster.rendezvous=~/rv.json", "cluster.log_dir=/abs/logs"]
+    )
+    repo, home = CONFIGS_DIR.parent, Path("~").expanduser()
+    assert cfg.tasks.train_file == str(repo / "data/tasks/train.jsonl")
+    assert cfg.run_dir == str(repo / "runs/y") and cfg.cluster.log_dir == "/abs/logs"
+    assert cfg.cluster.rendezvous == str(home / "rv.json") and cfg.sandbox.sif_dir == ""
+    assert cfg.engine.cache_dir == str(home / ".cache/swe-megatron/engine")

@@ -175,13 +175,16 @@ def test_reload_retries_a_refused_prefix_cache_reset_and_fails_clearly_when_it_s
         s.httpd.shutdown()
 
 
-def test_server_ignores_generation_config_and_keeps_caches_local(tmp_path):
+def test_server_ignores_generation_config_and_keeps_caches_out_of_outputs(tmp_path):
     cmd = server_command("/m", 8100, EngineConfig(), 8192, "policy")
     assert cmd[cmd.index("--generation-config") + 1] == "vllm"
     assert cmd[cmd.index("--logprobs-mode") + 1] == "raw_logprobs" and "--enforce-eager" in cmd
-    env = server_env(EngineConfig(cpu_kvcache_gib=1), tmp_path)
+    env = server_env(EngineConfig(cpu_kvcache_gib=1, cache_dir=str(tmp_path / "cache")), tmp_path)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert all(Path(env[k]).is_relative_to(tmp_path) for k in ("VLLM_CACHE_ROOT", "TMPDIR"))
+    assert Path(env["TMPDIR"]).is_relative_to(tmp_path)
+    # compile caches (148 MB in a rollout's --out, issue 27): engine.cache_dir, shared by runs, not the work dir
+    cache_vars = ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    assert all(Path(env[k]).is_relative_to(tmp_path / "cache") for k in cache_vars)
     # IPC sockets: under the work dir when its path is short, else a short private folder (107-byte limit).
     rpc = Path(env["VLLM_RPC_BASE_PATH"])
     assert rpc.is_dir() and len(str(rpc)) <= 60

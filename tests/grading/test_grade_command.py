@@ -26,7 +26,8 @@ def task_row(task) -> dict:
 
 @pytest.fixture
 def files(tmp_path):
-    tasks = write_jsonl(tmp_path / "tasks.jsonl", [task_row(make_task())])
+    # repo_dir: a folder that exists (tasks whose folders are missing are refused at load)
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", [task_row(make_task(repo_dir=str(tmp_path)))])
     return tasks, tmp_path
 
 
@@ -102,7 +103,7 @@ def test_grade_command_refuses_a_bad_limit(files, capsys, flag, value):
 
 def test_grade_command_rejects_tasks_it_cannot_grade(files, capsys):
     tasks, tmp = files
-    write_jsonl(tasks, [task_row(make_task(test_cmd=""))])
+    write_jsonl(tasks, [task_row(make_task(test_cmd="", repo_dir=str(tmp)))])
     preds = write_jsonl(tmp / "p.jsonl", [{"instance_id": "calc__calc-0001", "model_patch": ""}])
     assert main(["grade", "--tasks", str(tasks), "--predictions", str(preds)]) == 2
     assert "no extra.test_cmd" in capsys.readouterr().err

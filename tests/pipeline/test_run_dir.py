@@ -65,6 +65,9 @@ def test_resume_conflicts_name_the_keys():
     new["seed"], new["rft"]["samples_per_task"] = 1, 3
     assert resume_conflicts(old, new, ["rft"]) == ["seed: 0 -> 1", "rft.samples_per_task: 2 -> 3"]
     assert resume_conflicts(old, new, []) == ["seed: 0 -> 1"]
+    new["model"] = {"name": "a", "hidden_size": 128}
+    old["model"]["hidden_size"] = 64
+    assert resume_conflicts(old, new, []) == ["model.hidden_size: 64 -> 128", "seed: 0 -> 1"]  # not the dicts
 
 
 def _t(task, k, resolved, infra=False):

@@ -161,6 +161,10 @@ class Accepted:
     failures: dict[str, dict]
 
 
+class NoTasks(Exception):
+    """No library gave a task; nothing was written but the download cache (OUT/sdists)."""
+
+
 def make_tasks(cfg: FactoryConfig, log: Callable[[str], None] = print) -> dict:
     """Build (or return the cached) task set; returns the report (also written to OUT/report.json)."""
     out = Path(cfg.out).resolve()
@@ -190,6 +194,11 @@ def make_tasks(cfg: FactoryConfig, log: Callable[[str], None] = print) -> dict:
             quota = -(-remaining // ready_left)
             results[lib.spec.key] = _mine_library(lib, quota, work, cfg, log)
             remaining = max(0, remaining - len(results[lib.spec.key]))
+        if not any(results.values()):  # nothing to write: no empty train/test files
+            why = "; ".join(
+                f"{lib.spec.requirement}: {lib.report.get('reason', 'no task kept')}" for lib in libs
+            )
+            raise NoTasks(f"no task made from {len(libs)} librar{'y' if len(libs) == 1 else 'ies'} ({why})")
         report = _write_output(out, libs, results, cfg, key, time.monotonic() - start, log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -231,7 +240,7 @@ def _prepare(lib: Library, out: Path, work: Path, cfg: FactoryConfig, log: Calla
         log(f"make-tasks: {spec.requirement}: sdist and environment ready ({time.monotonic() - t0:.0f}s)")
     except LibraryUnusable as e:
         lib.report.update(status="unusable", stage=e.stage, reason=e.reason)
-        log(f"make-tasks: {spec.requirement}: cannot be used ({e})")
+        log(f"make-tasks: {spec.requirement}: not used ({e.stage}; the reason comes at the end)")
     lib.report["prepare_s"] = round(time.monotonic() - t0, 1)
 
 

@@ -114,9 +114,10 @@ def fetch_sdist(spec: PackageSpec, sdists_dir: Path, timeout_s: float = 300.0) -
                 raise LibraryUnusable("download", f"pip download took longer than {timeout_s:.0f}s") from None
             got = _archive_in(Path(tmp))
             if proc.returncode != 0 or got is None:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                lines = (proc.stderr or proc.stdout).strip().splitlines() or ["no output"]
+                why = next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), lines[-1])
                 raise LibraryUnusable(
-                    "download", f"no sdist of {spec.requirement} from pip: {' | '.join(tail)}"
+                    "download", f"no sdist of {spec.requirement}: pip: {why.removeprefix('ERROR: ')}"
                 )
             staged = Path(tmp) / "done"
             staged.mkdir()
