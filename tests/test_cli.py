@@ -42,7 +42,7 @@ def test_overrides_after_options(argv):
     "argv",
     [
         ["run", "embedded", "--bogus"],
-        ["plan", "--model", "embedded", "--context", "8", "--gpus", "1", "a=1"],  # plan takes no overrides
+        ["plan", "paper-72b", "a=1"],  # plan takes a preset but no overrides
         ["make-tasks", "--out", "d", "seed=1"],
     ],
 )

@@ -36,6 +36,7 @@ WHERE = {
     "setpriv": "host",  # sandbox backends (sandbox servers)
     "prlimit": "host",  # sandbox backends; tasks/factory/suite.py (make-tasks)
     "git": "host",  # sandbox/git_history.py (sandbox servers); tasks/factory/repo.py (make-tasks)
+    "sbatch": "login",  # launch/submit.py (checks that Slurm is there before submitting through submitit)
     "bash": "login",  # launch/submit.py (submitit's job runs slurm/common.sh on the host); make-tasks
 }
 # Programs the pinned libraries start inside the image, per def: triton (vllm, torch) compiles its CUDA

@@ -80,6 +80,9 @@ def test_documented_command_works(doc, command, capsys, monkeypatch):
         if rest:
             load_config(rest[0], rest[1:])
         return
+    if words[1:3] == ["-m", "venv"] or words[-3:] == ["install", "-e", "."]:  # a plain venv of this checkout
+        assert (ROOT / "pyproject.toml").is_file() and words[-1] in (".", ".venv"), command
+        return
     path = next((w for w in words if w.startswith("tools/")), None)
     assert path is not None, f"{doc}: a command this test does not know how to check: {command}"
     assert (ROOT / path).is_file(), f"{doc}: {path} does not exist"
