@@ -21,6 +21,7 @@ def test_ordinary_edit_is_kept_byte_for_byte():
     clean = sanitize_patch(GOLD_PATCH)
     assert clean.patch == GOLD_PATCH
     assert clean.kept == ["calc/ops.py"] and not clean.dropped and clean.parse_error is None
+    assert not clean.suspicious  # only added lines that reach into the runner are reported
 
 
 @pytest.mark.parametrize(
@@ -46,6 +47,12 @@ def test_ordinary_edit_is_kept_byte_for_byte():
         ("lib/usercustomize.py", "interpreter start-up hook"),
         ("pkg.egg-info/entry_points.txt", "package metadata"),
         ("pkg-1.0.dist-info/METADATA", "package metadata"),
+        ("pkg.egg-info/PKG-INFO", "package metadata"),
+        ("lib/entry_points.txt", "package metadata"),
+        ("pkg.egg-link", "package metadata"),
+        ("pkg/mod.pyc", "git or cache internals"),
+        ("pkg/mod.pyo", "git or cache internals"),
+        ("pkg\\mod.py", "outside the repository"),
         (".git/hooks/pre-commit", "git or cache internals"),
         (".gitattributes", "git or cache internals"),
         ("pkg/__pycache__/mod.cpython-311.pyc", "git or cache internals"),
@@ -60,6 +67,30 @@ def test_protected_paths_are_dropped(path, reason):
     assert [(d.path, d.reason) for d in clean.dropped] == [(path, reason)]
     assert clean.kept == ["pkg/mod.py"]
     assert path not in clean.patch and "pkg/mod.py" in clean.patch
+
+
+def test_root_modules_that_shadow_nothing_and_mode_changes_that_drop_exec_are_kept():
+    """Only stdlib/runner names are refused at the root; only a change that ADDS an exec bit is dropped."""
+    assert sanitize_patch(edit("mylib.py")).kept == ["mylib.py"]
+    assert sanitize_patch(edit("pkg/json.py")).kept == ["pkg/json.py"]  # not at the root: shadows nothing
+    unexec = "diff --git a/run.sh b/run.sh\nold mode 100755\nnew mode 100644\n"
+    assert sanitize_patch(unexec).kept == ["run.sh"]
+    other_x = "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100645\n"  # o+x alone
+    assert [d.reason for d in sanitize_patch(other_x).dropped] == ["makes a file executable"]
+
+
+def test_quoted_file_names_are_checked_without_their_quotes():
+    """git quotes names with unusual bytes ("a/conftest.py"); the rule must see the name inside."""
+    patch = 'diff --git "a/conftest.py" "b/conftest.py"\n--- "a/conftest.py"\n+++ "b/conftest.py"\n@@ -1 +1 @@\n-a\n+b\n'
+    clean = sanitize_patch(patch)
+    assert clean.is_empty and [d.reason for d in clean.dropped] == ["conftest.py"]
+
+
+def test_task_test_paths_take_the_file_of_a_class_test_id():
+    assert task_test_paths("", ["pkg/t.py::TestC::test_x", "other.py::test_y", "no_separator"]) == {
+        "pkg/t.py",
+        "other.py",
+    }
 
 
 def test_library_modules_with_test_like_names_elsewhere_are_kept():
