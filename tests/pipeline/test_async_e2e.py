@@ -27,11 +27,21 @@ from tiny_tasks import make_task_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 
-ASYNC = ["algo=async", "stage1.iterations=3", "eval.runs=1", "eval.k=[1]",
+ASYNC = ["algo=async", "stage1.iterations=4", "eval.runs=1", "eval.k=[1]",
          # stage2:0's update is the last before eval: large, so that an engine that missed it is far off.
          "stage2.optim.lr=3e-2",
          "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
-UNITS = ["init", "rft:warm_start", "rft:0", "stage1:0", "stage1:1", "stage1:2", "stage2:0", "eval"]
+UNITS = [
+    "init",
+    "rft:warm_start",
+    "rft:0",
+    "stage1:0",
+    "stage1:1",
+    "stage1:2",
+    "stage1:3",
+    "stage2:0",
+    "eval",
+]
 
 
 def _done(run_dir: Path) -> list[str]:
@@ -42,7 +52,7 @@ def _done(run_dir: Path) -> list[str]:
 def _ahead(run_dir: Path) -> str | None:
     """A stage1 unit whose rollouts have finished episodes while the unit before it is not committed yet."""
     done = _done(run_dir)
-    for j in (1, 2):
+    for j in (1, 2, 3):
         lines = run_dir / "units" / f"stage1-{j}" / "trajectories.jsonl"
         if f"stage1:{j - 1}" not in done and lines.exists() and lines.stat().st_size:
             return f"stage1:{j}"
@@ -93,7 +103,7 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
     assert _done(run_dir) == UNITS
     pool = json.loads((run_dir / "pool.json").read_text())
     redone, stale = {}, {}
-    for u in ("stage1:0", "stage1:1", "stage1:2", "stage2:0"):
+    for u in ("stage1:0", "stage1:1", "stage1:2", "stage1:3", "stage2:0"):
         d = run_dir / "units" / u.replace(":", "-")
         trajs = [json.loads(x) for x in (d / "trajectories.jsonl").read_text().splitlines()]
         assert len(trajs) == 4 and sum(a for a, _ in pool["log"][u].values()) == 4, u
@@ -112,9 +122,10 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
             assert m["time"]["engine_idle_frac"] < 1, (u, m["time"])  # its rollouts ran inline, in its cycle
     # The rollouts the stop cancelled and those the kill cut short were thrown away and counted when redone.
     assert redone[stopped_ahead] >= 1 and redone[killed_ahead] >= 1, redone
-    # Rolled out ahead in an uninterrupted attempt: sampled by the weights one update older than the trainer's.
-    ahead_ok = [u for u in ("stage1:1", "stage1:2") if u not in (stopped_ahead, killed_ahead)]
-    assert all(stale[u] == 1 for u in ahead_ok), (ahead_ok, stale)
+    # Some unit trained on turns rolled out ahead, one update older than the trainer's weights. Not every unit
+    # rolled out ahead does: the gate holds new turns while an update lands, so a unit whose first turn comes after
+    # the update is sampled by the new weights (staleness 0), which is allowed (<= 1 is asserted per unit above).
+    assert max(stale.values()) == 1, stale
 
     from swe_megatron.monitor import read_scalars
 
@@ -124,9 +135,9 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
               "train/masked_trajectories"]  # fmt: skip
     missing = [t for t in wanted if t not in scalars]
     assert not missing, f"missing tags {missing}; have {sorted(scalars)}"
-    assert len({s for s, _ in scalars["async/staleness_max"]}) == 4, "one value per RL unit, none twice"
+    assert len({s for s, _ in scalars["async/staleness_max"]}) == 5, "one value per RL unit, none twice"
 
-    # Broadcast: every update (rft:warm_start, rft:0, stage1:0..2, stage2:0) went to the engines in buckets.
+    # Broadcast: every update (rft:warm_start, rft:0, stage1:0..3, stage2:0) went to the engines in buckets.
     checkpoint = json.loads((run_dir / "state.json").read_text())["checkpoint"]
     assert checkpoint["weight_sync/method_broadcast"] == 1.0
     for tag in (
@@ -135,7 +146,7 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
         "weight_sync/gib",
         "weight_sync/buckets",
     ):
-        assert len({s for s, _ in scalars[tag]}) == 6, (tag, scalars[tag])
+        assert len({s for s, _ in scalars[tag]}) == 7, (tag, scalars[tag])
     assert all(v == 1.0 for _, v in scalars["weight_sync/method_broadcast"])
     assert all(v > 1 for _, v in scalars["weight_sync/buckets"]), scalars["weight_sync/buckets"]
     # eval's rollouts came from the engine after the last broadcast: engine logprobs == the final weights'.
