@@ -323,14 +323,16 @@ def test_episode_timeout_ends_a_running_command_in_a_real_sandbox(tmp_path, chat
         made.append(factory(t))
         return made[-1]
 
-    setup = _setup(chat, engine, make_sandbox, episode_timeout_s=1.5)
+    setup = _setup(chat, engine, make_sandbox, episode_timeout_s=4)
     setup.limits = EpisodeLimits(t_max=8, context_length=8192, max_tokens_per_turn=256, command_timeout_s=120,
                                  output_cap=4000)  # fmt: skip
     t0 = time.monotonic()
     (traj,), stats = run_rollouts([task], 1, setup, progress=False)
-    assert time.monotonic() - t0 < 8  # not the command's 60 s
-    assert traj.exit_reason == ExitReason.harness_timeout and traj.infra_failure.startswith("timeout: ")
-    assert stats.timeouts == 1 and len(made) == 1 and made[0].workspace is None and made[0]._shell is None
+    assert time.monotonic() - t0 < 12  # not the command's 60 s
+    # the agent's own command took most of the time: scored (time_limit), not excluded (grading/exclusion.py;
+    # a slow engine's deadline is the excluded case, tests/agent/test_episode.py)
+    assert traj.exit_reason == ExitReason.time_limit and traj.infra_failure is None and not traj.excluded
+    assert stats.timeouts == 0 and len(made) == 1 and made[0].workspace is None and made[0]._shell is None
 
 
 @pytest.mark.parametrize(
