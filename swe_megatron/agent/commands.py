@@ -29,7 +29,7 @@ from swe_megatron.agent.viewer import (
     top_for_line,
 )
 from swe_megatron.config.schema import AgentConfig
-from swe_megatron.sandbox.base import ExecResult, Sandbox
+from swe_megatron.sandbox.base import ExecResult, Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -340,11 +340,17 @@ class Aci:
         The agent's .git is the agent's to break (removed, chmod 000, corrupted): when the diff fails, the
         task's pristine .git (the sandbox spec's repo_dir) replaces it and the diff is taken again; if that
         fails too, the answer is the empty patch. Either way the episode is graded: a failing sandbox
-        raises SandboxError from exec itself, so a non-zero exit here is the agent's doing.
+        raises SandboxError from exec itself, so a non-zero exit here is the agent's doing. A sandbox
+        that cannot run the diff at all (its shell died and would not restart) gives the diff its workspace
+        holds, taken on the host (Sandbox.host_patch); SandboxError only when that fails too.
         """
-        r = self._diff(timeout_s)
-        if r.exit_code != 0 and self._restore_pristine_git(timeout_s):
+        try:
             r = self._diff(timeout_s)
+            if r.exit_code != 0 and self._restore_pristine_git(timeout_s):
+                r = self._diff(timeout_s)
+        except SandboxError as e:
+            log.warning("no diff from the sandbox of %s (%s): taking it on the host", self.workdir, e)
+            return self.sandbox.host_patch(PATCH_MAX_BYTES)
         if r.exit_code != 0:
             log.warning(
                 "no diff in %s after restoring .git: %s",

@@ -348,6 +348,10 @@ class RoutedSandbox:
         """Write a repository file."""
         self._call(self.inner.write_file, path, data)
 
+    def host_patch(self, max_bytes: int) -> str:
+        """The workspace's diff, taken on its server's host."""
+        return self._call(self.inner.host_patch, max_bytes)
+
     def stop(self) -> None:
         """Stop it (nothing to stop on a server out of rotation) and free its slot; idempotent."""
         try:
@@ -390,6 +394,10 @@ class Unplaced:
         raise SandboxError(self.reason)
 
     def write_file(self, path: str, data: bytes) -> None:
+        """Raises SandboxError."""
+        raise SandboxError(self.reason)
+
+    def host_patch(self, max_bytes: int) -> str:
         """Raises SandboxError."""
         raise SandboxError(self.reason)
 

@@ -95,6 +95,11 @@ class Sandbox(Protocol):
         Same paths and errors as read_file; the file belongs to the sandbox user afterwards.
         """
 
+    def host_patch(self, max_bytes: int) -> str:
+        """The workspace's changes against `SandboxSpec.repo_dir` as a git diff, computed on the host without
+        running anything (sandbox/host_diff.py): the patch of a sandbox whose shell cannot start again. ''
+        when it is over max_bytes; SandboxError when the sandbox was stopped or cannot be reached."""
+
     def stop(self) -> None:
         """Kill everything in the sandbox and remove its writable state; idempotent."""
 

@@ -219,6 +219,12 @@ class RemoteSandbox:
         body = {"path": path, "data_b64": base64.b64encode(data).decode()}
         self.client.request("POST", self._path("/write"), body)
 
+    def host_patch(self, max_bytes: int) -> str:
+        """The workspace's diff, taken on the server's host."""
+        return self.client.request("POST", self._path("/host_patch"), {"max_bytes": int(max_bytes)}, 300)[
+            "patch"
+        ]
+
     def stop(self) -> None:
         """Stop the sandbox on the server (idempotent)."""
         if self.id is not None:

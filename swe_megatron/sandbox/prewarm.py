@@ -112,6 +112,10 @@ class Leased:
         """Write a repository file."""
         self.sandbox.write_file(path, data)
 
+    def host_patch(self, max_bytes: int) -> str:
+        """The workspace's diff, taken on the host."""
+        return self.sandbox.host_patch(max_bytes)
+
     def stop(self) -> None:
         """Hand the sandbox to the reaper (idempotent); a command running now ends with SandboxError."""
         with self._lock:

@@ -149,6 +149,7 @@ class SandboxServer:
                 web.post("/v1/sandboxes/{id}/exec", self._exec),
                 web.post("/v1/sandboxes/{id}/read", self._read),
                 web.post("/v1/sandboxes/{id}/write", self._write),
+                web.post("/v1/sandboxes/{id}/host_patch", self._host_patch),
                 web.delete("/v1/sandboxes/{id}", self._stop),
                 web.get("/v1/sessions/{sid}/attach", self._attach),
                 web.post("/v1/sessions/{sid}/heartbeat", self._heartbeat),
@@ -295,6 +296,17 @@ class SandboxServer:
             raise BadField(f"data_b64 is not base64 ({e})") from None
         result = await self._file_op(entry.sandbox.write_file, path, raw)
         return result if isinstance(result, web.Response) else web.json_response({"ok": True})
+
+    async def _host_patch(self, request: web.Request) -> web.Response:
+        entry = self._entry(request)
+        max_bytes = (await self._json(request)).get("max_bytes")
+        if type(max_bytes) is not int or max_bytes < 0:
+            raise BadField(f"max_bytes={max_bytes!r} is invalid; allowed: an integer >= 0")
+        try:
+            patch = await self._run(entry.sandbox.host_patch, max_bytes)
+        except SandboxError as e:
+            return _error(500, str(e))
+        return web.json_response({"patch": patch})
 
     async def _stop(self, request: web.Request) -> web.Response:
         entry = self._sandboxes.pop(request.match_info["id"], None)

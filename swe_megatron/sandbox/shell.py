@@ -42,6 +42,7 @@ from pathlib import Path
 from swe_megatron.procfs import proc_stat
 from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
 from swe_megatron.sandbox.cgroups import SandboxCgroup, sweep_stale_groups, warn_once
+from swe_megatron.sandbox.host_diff import host_diff
 from swe_megatron.sandbox.users import SandboxUser, current_user, lease_user
 from swe_megatron.sandbox.workspace import Workspace, sweep_stale
 
@@ -661,6 +662,12 @@ class ShellSandbox:
         if self.workspace is None or self._stopped:
             raise SandboxError("the sandbox is not running (not started, or stopped)")
         self.workspace.write_file(path, data)
+
+    def host_patch(self, max_bytes: int) -> str:
+        """The workspace's changes against spec.repo_dir, diffed on the host (sandbox/host_diff.py)."""
+        if self.workspace is None or self._stopped:
+            raise SandboxError("the sandbox is not running (not started, or stopped)")
+        return host_diff(self.spec.repo_dir, self.workspace.repo, max_bytes)
 
     def stop(self) -> None:
         """Kill everything (even mid-command, from another thread) and remove the workspace; idempotent."""

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
+from swe_megatron.sandbox.host_diff import host_diff
 
 
 class DirSandbox:
@@ -76,6 +77,11 @@ class DirSandbox:
 
     def write_file(self, path: str, data: bytes) -> None:
         self._path(path).write_bytes(data)
+
+    def host_patch(self, max_bytes: int) -> str:
+        if self.root is None:
+            raise SandboxError("the sandbox was stopped")
+        return host_diff(self._src, self.workdir, max_bytes)
 
     def stop(self) -> None:
         if self.root is not None:

@@ -136,13 +136,16 @@ def test_engine_and_sandbox_failures_are_infrastructure(task, chat):
     )
 
 
-def _failing_on(task, command: str, error: Exception | None = None) -> DirSandbox:
-    """The fake sandbox, failing (SandboxError, or `error`) when `command` is sent to it."""
+def _failing_on(task, command: str, error: Exception | None = None, *, for_good: bool = False) -> DirSandbox:
+    """The fake sandbox, failing (SandboxError, or `error`) when `command` is sent to it (for_good: and
+    every command after it, as a sandbox whose shell will not restart)."""
     sb = DirSandbox(task.extra["repo_dir"])
     orig = sb.exec
+    broken = []
 
     def flaky(cmd, timeout_s=None):
-        if cmd == command:
+        if cmd == command or broken:
+            broken.extend([True] * for_good)
             raise error or SandboxError("bwrap died")
         return orig(cmd, timeout_s)
 
@@ -161,6 +164,14 @@ def test_a_sandbox_failure_is_excluded_only_before_the_agents_first_command(task
     traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=_failing_on(task, "ls"))
     assert traj.exit_reason == ExitReason.sandbox_lost and not traj.excluded and traj.infra_failure is None
     assert "+fixed" in traj.patch and traj.num_steps == 2
+    # the sandbox never runs a command again (not even the diff): the patch is taken on the host (item 5)
+    traj = episode(
+        task,
+        ScriptedPolicy(chat, {task.instance_id: script}),
+        chat,
+        sb=_failing_on(task, "ls", for_good=True),
+    )
+    assert traj.exit_reason == ExitReason.sandbox_lost and not traj.excluded and "+fixed" in traj.patch
     # any other harness failure after the agent's commands (attack 6 was a PermissionError) is scored too
     sb = _failing_on(task, "ls", PermissionError(13, "file has other hard links"))
     traj = episode(task, ScriptedPolicy(chat, {task.instance_id: script}), chat, sb=sb)

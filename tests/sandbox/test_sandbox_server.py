@@ -73,6 +73,8 @@ def test_remote_sandbox_works_like_a_local_one(server, repo):
             res = sb.exec("pwd; echo $K; printf '\\xff'")
             assert res.output == b"/testbed/pkg\nv\n\xff" and res.exit_code == 0
             assert sb.exec("sleep 20", timeout_s=1).timed_out
+            sb.exec("echo 'def sub(a, b):' >> __init__.py")
+            assert "+def sub(a, b):" in sb.host_patch(1 << 20)  # issue 24 item 5, on the server's host
             sb.write_file("pkg/new.py", b"\x00data")
             assert sb.read_file("/testbed/pkg/new.py") == b"\x00data"
             assert sb.read_file("/testbed/pkg/new.py", max_bytes=3) == b"ata"  # only the tail (issue 24)
