@@ -9,6 +9,12 @@ other test names) and asserts an equality between constants the file itself uses
 failures into passes without knowing which tests are twins turns a must-fail twin into a pass: the run
 is unresolved and flagged `tampered` (check()).
 
+A patch may also know the names of the tests that fail before the fix (the agent ran them) and rewrite
+only those. So each FAIL_TO_PASS test defined in the file is renamed at grading time like a twin (its name
+plus a word), and a must-fail decoy takes its old name: a rewrite of the known names flips only decoys
+(tampered), and the renamed test must really pass. The host grades under the new names (task_ids()) and
+reports under the old ones (original_ids()). A test whose name the file uses elsewhere keeps it.
+
 What stays visible to the tested code, and why it is not defended here, is in docs/security.md.
 
     canaries = plant("tests/test_x.py", source, ["tests/test_x.py::test_merge"])
@@ -46,10 +52,44 @@ class Canaries:
     """That file's text with the twins inserted."""
     expected: dict[str, str] = field(default_factory=dict)
     """pytest node id -> "FAILED" (must fail) or "PASSED" (must pass)."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """Renamed FAIL_TO_PASS tests: "file[::Class]::old" -> "file[::Class]::new" (parameters not included)."""
+
+    def add(self, other: Canaries) -> None:
+        """Take in the decoys planted in another file (plant(..., twins=False))."""
+        self.expected.update(other.expected)
+        self.renamed.update(other.renamed)
+
+    def task_id(self, test_id: str) -> str:
+        """The id a task's test runs under in this grading (renamed tests get their new name)."""
+        base, bracket, params = test_id.partition("[")
+        return self.renamed.get(base, base) + bracket + params
+
+    def task_ids(self, test_ids: list[str]) -> list[str]:
+        return [self.task_id(t) for t in test_ids]
+
+    def original_ids(self, test_ids: list[str]) -> list[str]:
+        """task_id() undone: the ids under which results are reported."""
+        return [self.original_text(t) for t in test_ids]
+
+    def original_text(self, text: str) -> str:
+        """text with every renamed test's id put back to the task's."""
+        for old, new in self.renamed.items():
+            text = re.sub(rf"{re.escape(new)}(?![\w])", lambda _m, old=old: old, text)
+        return text
 
 
-def plant(file: str, source: str, test_ids: list[str], rng: Any = None) -> Canaries:
-    """Twins for `test_ids` (the task's test ids in `file`, FAIL_TO_PASS first) inserted into `source`.
+def plant(
+    file: str,
+    source: str,
+    test_ids: list[str],
+    rng: Any = None,
+    fail_to_pass: list[str] = (),
+    twins: bool = True,
+) -> Canaries:
+    """Twins for `test_ids` (the task's test ids in `file`, FAIL_TO_PASS first) inserted into `source`,
+    and a decoy for each of `fail_to_pass` the file defines (module docstring); twins=False: decoys only
+    (the other files that hold FAIL_TO_PASS tests).
 
     Anchors are the listed tests whose definition the file holds (a module function or a method of a
     top-level class, not parametrised); where there are none (or the file does not parse) the twins go at
@@ -71,7 +111,7 @@ def plant(file: str, source: str, test_ids: list[str], rng: Any = None) -> Canar
     quote = '"' if source.count('"') > source.count("'") else "'"
     inserts: dict[int, list[str]] = {}
     expected: dict[str, str] = {}
-    plan = ["FAILED"] * MUST_FAIL + ["PASSED"] * MUST_PASS
+    plan = ["FAILED"] * MUST_FAIL + ["PASSED"] * MUST_PASS if twins else []
     rng.shuffle(plan)
     for i, want in enumerate(plan):
         anchor = anchors[i % len(anchors)] if anchors else None
@@ -86,13 +126,70 @@ def plant(file: str, source: str, test_ids: list[str], rng: Any = None) -> Canar
             text, at, node_class = f"\n\ndef {name}():\n    assert {x} == {y}\n", len(lines), None
         inserts.setdefault(at, []).append(text)
         expected["::".join(p for p in (file, node_class, name) if p)] = want
+
+    def fresh(base: str) -> str:
+        taken.add(name := _fresh_name(base, words, taken, rng))
+        return name
+
+    def must_fail() -> tuple[str, str]:
+        x, y = (_literal(v, quote) for v in _pair(constants, False, rng))
+        return x, y
+
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)} if tree is not None else {}
+    renamed = _decoys(file, fail_to_pass, defs, classes, lines, source, inserts, fresh, must_fail)
+    tested = {t.partition("[")[0] for t in fail_to_pass}  # ids the run certainly collects
+    expected.update(dict.fromkeys((old for old in renamed if old in tested), "FAILED"))
     out = []
     for i, line in enumerate(lines):
         out.append(line)
         out.extend(inserts.get(i + 1, []))
     if not lines:
         out.extend(inserts.get(0, []))
-    return Canaries(file=file, text="".join(out), expected=expected)
+    return Canaries(file=file, text="".join(out), expected=expected, renamed=renamed)
+
+
+def _decoys(file, fail_to_pass, defs, classes, lines, source, inserts, fresh, must_fail) -> dict[str, str]:
+    """Rename each FAIL_TO_PASS test of the file (editing `lines`) and plant a must-fail decoy under its old
+    name (into `inserts`); {old id: new id}. A method is renamed where it is defined (the test's class or
+    a base class in the file), so every class of the file that inherits it runs the renamed test and the
+    decoy: their ids are mapped too (only the FAIL_TO_PASS ids' decoys are checked: pytest may not collect
+    a base class)."""
+    bases = {c: [b.id for b in n.bases if isinstance(b, ast.Name)] for c, n in classes.items()}
+
+    def owner(cls: str | None, name: str, seen: frozenset = frozenset()) -> str | None | bool:
+        """The class of the file whose `name` `cls` runs (left-to-right, depth first); False: unknown."""
+        if cls is None or (cls, name) in defs:
+            return cls if (cls, name) in defs else False
+        for base in bases.get(cls, []):
+            if base in classes and base not in seen:
+                found = owner(base, name, seen | {cls})
+                if found:
+                    return found
+        return False
+
+    renamed: dict[str, str] = {}
+    done: set[tuple[str | None, str]] = set()
+    for key in dict.fromkeys(_def_key(t.partition("[")[0], file) for t in fail_to_pass):
+        if key is None:
+            continue
+        cls, name = owner(key[0], key[1]), key[1]
+        uses = len(re.findall(rf"\b{re.escape(name)}\b", source))
+        if (
+            cls is False
+            or (cls, name) in done
+            or uses != len(re.findall(rf"\bdef\s+{re.escape(name)}\b", source))
+        ):
+            continue  # defined elsewhere, done, or named outside its definitions (a call, a dependency)
+        done.add((cls, name))
+        anchor, new = defs[(cls, name)], fresh(name)
+        line = lines[anchor.line - 1]
+        lines[anchor.line - 1] = re.sub(rf"\bdef\s+{re.escape(name)}\b", f"def {new}", line, count=1)
+        inserts.setdefault(anchor.end, []).append(_twin(anchor, name, *must_fail()))
+        for runner in [None] if cls is None else [c for c in classes if owner(c, name) == cls]:
+            renamed["::".join(p for p in (file, runner, name) if p)] = "::".join(
+                p for p in (file, runner, new) if p
+            )
+    return renamed
 
 
 def check(
@@ -121,6 +218,7 @@ class _Def:
     indent: str
     body_indent: str
     end: int  # last line (1-based) of the definition
+    line: int  # the `def` line (1-based)
 
 
 def _def_key(test_id: str, file: str) -> tuple[str | None, str] | None:
@@ -146,7 +244,7 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
             args = ast.unparse(node.args)
             if node.decorator_list:
                 args = node.args.args[0].arg if cls and node.args.args else ""
-            out[(cls, node.name)] = _Def(node.name, cls, args, indent, body_indent, end)
+            out[(cls, node.name)] = _Def(node.name, cls, args, indent, body_indent, end, node.lineno)
     return out
 
 

@@ -41,7 +41,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -390,14 +390,31 @@ def _decide_run(
 ) -> tuple[bool, dict[str, Any] | None, str, bool]:
     """swebench's decision on the run's log and record, overruled by wrong canaries: (resolved, tests_status,
     reason, tampered); tampered when the canaries came out wrong and the run claimed success or was forged."""
-    resolved, tests_status, reason = decide(task, tg, run.log_path, run.record, patch)
     if run.canaries is None:
-        return resolved, tests_status, reason, False
-    wrong, forged = canary_tests.check(run.canaries, _log_status(task, tg, run.log_path), run.record)
+        return (*decide(task, tg, run.log_path, run.record, patch), False)
+    c = run.canaries  # the renamed FAIL_TO_PASS tests are graded under their names in this run
+    graded = replace(
+        task, FAIL_TO_PASS=c.task_ids(task.FAIL_TO_PASS), PASS_TO_PASS=c.task_ids(task.PASS_TO_PASS)
+    )
+    resolved, tests_status, reason = decide(graded, tg, run.log_path, run.record, patch)
+    if c.renamed:
+        tests_status = _original_ids(tests_status, c)
+        reason = c.original_text(reason)
+    wrong, forged = canary_tests.check(c, _log_status(task, tg, run.log_path), run.record)
     tampered = bool(wrong) and (resolved or forged)
     if tampered:
         reason = "the harness's canary tests came out wrong: " + "; ".join(wrong)
     return resolved and not wrong, tests_status, reason, tampered
+
+
+def _original_ids(tests_status: dict[str, Any] | None, c: Canaries) -> dict[str, Any] | None:
+    """swebench's tests_status with the renamed tests under their task names."""
+    if tests_status is None:
+        return None
+    return {
+        kind: {outcome: c.original_ids(ids) for outcome, ids in parts.items()}
+        for kind, parts in tests_status.items()
+    }
 
 
 def grade_many(
@@ -587,12 +604,32 @@ class _SandboxRun:
         except (OSError, UnicodeDecodeError) as e:
             raise GradingInfraError(f"cannot read the canary file {file} (task broken?): {e}") from None
         ids = [t for t in [*self.task.FAIL_TO_PASS, *self.task.PASS_TO_PASS] if t.startswith(f"{file}::")]
-        self.result.canaries = canary_tests.plant(file, source, ids)
-        self.sandbox.write_file(f"{self.rel}/canaried", self.result.canaries.text.encode("utf-8"))
+        f2p = {t.split("::", 1)[0]: [] for t in self.task.FAIL_TO_PASS if "::" in t}
+        for t in self.task.FAIL_TO_PASS:
+            f2p.get(t.split("::", 1)[0], []).append(t)
+        canaries = canary_tests.plant(file, source, ids, fail_to_pass=f2p.pop(file, []))
+        self._rewrite(file, canaries.text)
+        for other, tests in sorted(f2p.items()):  # decoys for the FAIL_TO_PASS tests of every other file
+            try:
+                raw = self.sandbox.read_file(other, max_bytes=RECORD_MAX_BYTES + 1)
+                text = raw.decode("utf-8") if len(raw) <= RECORD_MAX_BYTES else None
+            except (OSError, UnicodeDecodeError):
+                text = None
+            if text is None:
+                continue  # not a readable test file of this run (an id that names no file): nothing to rename
+            decoys = canary_tests.plant(other, text, [], fail_to_pass=tests, twins=False)
+            if decoys.renamed:
+                self._rewrite(other, decoys.text)
+                canaries.add(decoys)
+        self.result.canaries = canaries
+        self._step(f"rm -f {self.d}/test.diff", "planting the canary tests")
+
+    def _rewrite(self, file: str, text: str) -> None:
+        """Replace a test file's text in the sandbox, keeping its modification time."""
+        self.sandbox.write_file(f"{self.rel}/canaried", text.encode("utf-8"))
         target, copy = shlex.quote(file), f"{self.d}/canaried"
         res = self._step(
-            f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target}"
-            f" && rm -f {copy} {self.d}/test.diff",
+            f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target} && rm -f {copy}",
             "planting the canary tests",
         )
         if res.exit_code != 0:

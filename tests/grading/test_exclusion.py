@@ -60,7 +60,10 @@ class FakeSandbox:
             raise SandboxError("the sandbox's disk is gone")
         self.written[path] = data
         if path.endswith("/canaried"):  # the canaries the grader drew: report them as an honest run would
-            expected = FakeSandbox.planted[-1].expected
+            planted = FakeSandbox.planted[-1]
+            for node in [k for k in self.outcomes if k.partition("[")[0] in planted.renamed]:
+                self.outcomes[planted.task_id(node)] = self.outcomes.pop(node)  # renamed FAIL_TO_PASS tests
+            expected = planted.expected
             self.canary_ids |= set(expected)
             for node, want in expected.items():
                 self.outcomes.setdefault(node, want)

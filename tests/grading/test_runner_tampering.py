@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS
+from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS, known_names_attack
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -62,7 +62,13 @@ def _read(root, rel):
 def _attack(name, target, with_fix):
     task, module, before, fixed = target
     start = fixed if with_fix else before
-    source = RUNNER_ATTACKS[name] if name in RUNNER_ATTACKS else ADAPTIVE_ATTACKS[name]
+    if name == "known_names":
+        source = known_names_attack(task.FAIL_TO_PASS)
+    elif name == "known_names_elsewhere":  # only the names outside the file that holds the twins
+        canary_file = task_grading(task).canary_file
+        source = known_names_attack([t for t in task.FAIL_TO_PASS if not t.startswith(f"{canary_file}::")])
+    else:
+        source = RUNNER_ATTACKS[name] if name in RUNNER_ATTACKS else ADAPTIVE_ATTACKS[name]
     return diff((module, before, start + "\n\n" + source))
 
 
@@ -100,17 +106,28 @@ def test_ptrace_of_siblings_is_refused(attack_targets, sandbox_factory, tmp_path
     assert result.status == UNRESOLVED and result.reward == 0.0, (result.status, result.reason)
 
 
-@pytest.mark.parametrize("name", sorted(ADAPTIVE_ATTACKS))
+@pytest.mark.parametrize("name", [*sorted(ADAPTIVE_ATTACKS), "known_names"])
 def test_adaptive_tampering_is_flagged_on_every_task(
     name, every_target, sandbox_factory, tmp_path, monkeypatch
 ):
     """Rewrites that spare tests looking like the old canaries (name `test_` + 16 hex digits, 32-hex
-    constants), next to the gold fix: unresolved and `tampered` on every factory task, because a must-fail
-    twin is rewritten too. With the canaries off the attack alone resolves a task (the first one whose
-    failures it covers: (b) only swallows AssertionError), and with them on it is flagged there too."""
+    constants) or that rewrite only the FAIL_TO_PASS names seen failing (known_names), next to the gold fix:
+    unresolved and `tampered` on every factory task where the attack can change an outcome, because a
+    must-fail twin or decoy is rewritten too. Where it cannot ((b) patches pytest's Function.runtest, which
+    unittest-style tests do not call), the attack alone must resolve nothing even with the canaries off.
+    With the canaries off the attack alone resolves a task, and with them on it is flagged there too."""
+    inert = []
     for i, target in enumerate(every_target):
         r = _grade(target, _attack(name, target, True), sandbox_factory, tmp_path / f"fix{i}")
+        if r.status == RESOLVED and not r.tampered:
+            with monkeypatch.context() as m:
+                m.setattr(grader, "CANARIES", False)
+                alone = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"inert{i}")
+            assert alone.status == UNRESOLVED, (target[0].instance_id, "resolved and not flagged")
+            inert.append(target[0].instance_id)
+            continue
         assert r.status == UNRESOLVED and r.tampered, (target[0].instance_id, r.status, r.reason)
+    assert len(inert) < len(every_target), inert
     monkeypatch.setattr(grader, "CANARIES", False)
     for i, target in enumerate(every_target):
         control = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"control{i}")
@@ -121,3 +138,17 @@ def test_adaptive_tampering_is_flagged_on_every_task(
     monkeypatch.setattr(grader, "CANARIES", True)
     alone = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / "alone")
     assert alone.status == UNRESOLVED and alone.tampered, (alone.status, alone.reason)
+
+
+def test_decoys_cover_fail_to_pass_tests_outside_the_twins_file(every_target, sandbox_factory, tmp_path):
+    """The FAIL_TO_PASS tests of the other test files get decoys too: a rewrite of only their known names,
+    next to the gold fix, is flagged on every task that has such tests."""
+    covered = []
+    for i, target in enumerate(every_target):
+        task = target[0]
+        if all(t.startswith(f"{task_grading(task).canary_file}::") for t in task.FAIL_TO_PASS):
+            continue
+        r = _grade(target, _attack("known_names_elsewhere", target, True), sandbox_factory, tmp_path / f"{i}")
+        assert r.status == UNRESOLVED and r.tampered, (task.instance_id, r.status, r.reason)
+        covered.append(task.instance_id)
+    assert covered, "no task has FAIL_TO_PASS tests in a second file: the test shows nothing"

@@ -112,20 +112,24 @@ def test_a_diff_over_the_cap_is_the_empty_patch_and_big_unchanged_files_are_fine
 
 
 def test_a_sandbox_whose_shell_will_not_restart_still_gives_its_patch(cfg, repo, monkeypatch):
-    """Issue 24 item 5: the agent locks its repository and kills everything; with the host-side repair of
-    the modes disabled (standing in for any restart failure), the restart fails and exec raises
-    SandboxError. The patch is then read from the host side of the workspace, running nothing there."""
+    """Issue 24 item 5: the agent edits files, locks its repository and kills everything; a restart that
+    fails after that (stood in for by a shell whose every command raises, since whether `kill -9 -1`
+    reaches the supervisor is a race) makes exec raise SandboxError. The patch is then read from the
+    host side of the real workspace, mode 000 and all, running nothing there."""
     from swe_megatron.sandbox import SandboxError, SandboxSpec, make_sandbox
-    from swe_megatron.sandbox.workspace import Workspace
+    from swe_megatron.sandbox.shell import PersistentShell
 
-    monkeypatch.setattr(Workspace, "repair", lambda self: None)
     sb = make_sandbox(SandboxSpec(repo_dir=str(repo)), cfg)
     sb.start()
     try:
-        sb.exec("sed -i 's/a - b/a + b/' pkg/__init__.py && echo 'x = 1' > pkg/extra.py")
+        sb.exec("sed -i 's/a - b/a + b/' pkg/__init__.py && echo 'x = 1' > pkg/extra.py && chmod 000 /testbed")
+
+        def restart_fails(self, command, timeout_s):
+            raise SandboxError("the sandbox could not be restarted")
+
+        monkeypatch.setattr(PersistentShell, "run", restart_fails)
         with pytest.raises(SandboxError):
-            sb.exec("chmod 000 /testbed; kill -9 -1")
-            sb.exec("true")  # the restart is where it fails
+            sb.exec("kill -9 -1")
         patch = sb.host_patch(1 << 20)
         assert "-    return a - b\n+    return a + b\n" in patch and "+x = 1" in patch
     finally:
