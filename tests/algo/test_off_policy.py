@@ -202,3 +202,42 @@ def test_an_empty_micro_batch_gives_zero_metrics():
     assert segment_log_ratios(empty, empty, empty.bool(), seg).shape == (0, 3)
     w, m = off_policy_weights(empty, empty, empty.bool(), 2.0, 0.1, seg)
     assert w.numel() == 0 and m["is_weight_max"].item() == 0 and m["trajectories"].item() == 0
+
+
+def test_tensors_on_another_device_stay_there():
+    # "meta" stands for a GPU: the weights, sums and metrics are made on the inputs' device, and the segment
+    # ids (made on the CPU for [B, T] inputs, or passed from the CPU) follow them; a packed micro-batch with its
+    # count given never reads a device value back (int() of a meta tensor raises, as a sync would cost).
+    meta = dict(device="meta", dtype=F64)
+    old, eng, mask = torch.empty(2, 4, **meta), torch.empty(2, 4, **meta), torch.ones(2, 4, dtype=torch.bool)
+    for seg, n in ((None, None), (torch.tensor([[0, 1, 0, 1], [1, 1, 0, 2]]), 3)):
+        w, m = off_policy_weights(old, eng, mask.to("meta"), 2.0, 0.1, seg, n)
+        assert w.device.type == "meta" and w.shape == (2, 4)
+        assert {v.device.type for v in m.values()} == {"meta"}
+        assert segment_log_ratios(old, eng, mask.to("meta"), seg, n).device.type == "meta"
+
+
+def test_metrics_are_floats_of_the_compute_dtype():
+    # Float sums, so that they add over micro-batches and ranks with the weight sums (one all-reduce).
+    _, m = off_policy_weights(OLD, ENGINE, MASK, 1.5, 0.1)
+    assert {k: v.dtype for k, v in m.items()} == dict.fromkeys(m, F64) and len(m) == 6
+
+
+def test_float32_trainer_logprobs_are_compared_in_float32():
+    # dtype = promote(old, float32): float64 engine logprobs are cast down to it, not the ratio up.
+    assert segment_log_ratios(OLD.float(), ENGINE, MASK).dtype == torch.float32
+    assert off_policy_weights(OLD.float(), ENGINE, MASK, 1.5, None)[0].dtype == torch.float32
+
+
+def test_a_trajectory_without_engine_logprobs_is_never_masked_whatever_the_threshold():
+    # Row 1's action tokens all lack an engine logprob: no evidence, kept even at a threshold every row exceeds.
+    eng = ENGINE.clone()
+    eng[1] = NAN
+    w, m = off_policy_weights(OLD, eng, MASK, None, -1.0)
+    assert m["masked_trajectories"].item() == 1 and m["trajectories"].item() == 2
+    torch.testing.assert_close(w[1], MASK[1].to(F64), rtol=0, atol=0)
+
+
+def test_segments_of_another_shape_are_refused_naming_both_shapes():
+    with pytest.raises(ValueError, match=r"segments \(3,\) must have the inputs' shape \(2, 4\)"):
+        off_policy_weights(OLD, ENGINE, MASK, 2.0, 0.1, segments=torch.tensor([0, 1, 1]))

@@ -220,3 +220,95 @@ def test_rebuilt_patch_applies_with_git(tmp_path):
     assert (repo / "pkg" / "mod.py").read_text() == SRC2
     assert (repo / "pkg" / "keep.txt").read_text() == "still none"
     assert (repo / "pkg" / "new.py").exists() and not (repo / "conftest.py").exists()
+
+
+# --- edges mutation testing found (tools/mutate.py) ---------------------------------------------------
+
+
+def test_quoted_rename_targets_are_checked_without_their_quotes():
+    patch = 'diff --git a/pkg/x.py b/pkg/x.py\nsimilarity index 100%\nrename from pkg/x.py\nrename to "conftest.py"\n'
+    assert [d.reason for d in sanitize_patch(patch).dropped] == ["conftest.py"]
+
+
+def test_a_name_with_one_quote_is_checked_as_written():
+    # An opening quote without its closing one is part of the name: "a/conftest.py is still a conftest.py.
+    patch = '--- "a/conftest.py\n+++ "b/conftest.py\n@@ -1 +1 @@\n-a\n+b\n'
+    assert [d.reason for d in sanitize_patch(patch).dropped] == ["conftest.py"]
+
+
+def test_names_without_a_prefix_or_without_a_name_are_checked():
+    assert sanitize_patch("--- tox.ini\n+++ tox.ini\n@@ -1 +1 @@\n-a\n+b\n").dropped[0].reason == (
+        "test runner config"
+    )
+    assert sanitize_patch("--- mod.py\n+++ mod.py\n@@ -1 +1 @@\n-a\n+b\n").kept == ["mod.py"]
+    # "" is a quoted empty name: nothing to check, so nothing to keep.
+    clean = sanitize_patch('--- ""\n+++ ""\n@@ -1 +1 @@\n-a\n+b\n')
+    assert clean.is_empty and [d.reason for d in clean.dropped] == ["no file name"]
+
+
+def test_a_tab_in_a_path_is_outside_the_repository():
+    patch = "diff --git a/pkg/x.py b/pkg/x.py\nsimilarity index 100%\nrename from pkg/x.py\nrename to pkg/a\tb.py\n"
+    assert [d.reason for d in sanitize_patch(patch).dropped] == ["outside the repository"]
+
+
+def test_a_symlink_turned_into_a_file_and_a_submodule_are_dropped():
+    unlink = "diff --git a/link b/link\nold mode 120000\nnew mode 100644\n"
+    sub = (
+        "diff --git a/sub b/sub\nindex 1111111..2222222 160000\n--- a/sub\n+++ b/sub\n@@ -1 +1 @@\n"
+        f"-Subproject commit {'1' * 40}\n+Subproject commit {'2' * 40}\n"
+    )
+    assert [d.reason for d in sanitize_patch(unlink + sub).dropped] == ["symlink", "submodule"]
+
+
+def test_modes_are_read_in_octal():
+    # 100600 has no exec bit (read as decimal it would have 0o110's bits set).
+    chmod = "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100600\n"
+    assert sanitize_patch(chmod).kept == ["run.sh"]
+
+
+def test_a_patch_without_its_last_newline_is_kept():
+    patch = edit("pkg/mod.py")
+    clean = sanitize_patch(patch.rstrip("\n"))
+    assert clean.parse_error is None and clean.kept == ["pkg/mod.py"]
+    assert clean.patch == sanitize_patch(patch).patch and clean.patch.endswith("+    return 2\n")
+
+
+def test_kept_edits_are_joined_as_they_were():
+    patch = edit("pkg/a.py") + edit("pkg/b.py")
+    assert sanitize_patch(patch).patch == patch
+
+
+def test_what_the_parser_trips_on_is_the_model_s_parse_error(monkeypatch):
+    from swe_megatron.grading import sanitize
+
+    def trips(text):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(sanitize, "PatchSet", trips)
+    clean = sanitize_patch(edit("pkg/mod.py"))
+    assert clean.patch == "" and clean.is_empty and not clean.kept
+    assert clean.parse_error == "unparseable patch: IndexError: list index out of range"
+
+
+def test_text_without_a_file_diff_says_so():
+    assert sanitize_patch("this is not a diff\n").parse_error == "no file diffs found in the patch"
+
+
+def test_suspicious_lines_name_the_file_and_are_cut_at_160_characters():
+    long = "import pytest  # " + "x" * 300
+    clean = sanitize_patch(edit("pkg/mod.py", SRC, long + "\n"))
+    assert clean.suspicious == [f"pkg/mod.py: {long[:160]}"]
+
+
+def test_empty_test_ids_and_files_protect_nothing():
+    assert task_test_paths("", ["::test_x"], ["", "  "]) == set()
+    assert task_test_paths("  \n") == set()
+
+
+def test_a_test_patch_without_its_last_newline_gives_the_same_paths():
+    assert task_test_paths(TEST_PATCH.rstrip("\n")) == task_test_paths(TEST_PATCH) != set()
+
+
+def test_only_quotes_are_stripped_from_rename_lines():
+    patch = "diff --git a/pkg/x.py b/pkg/x.py\nsimilarity index 100%\nrename from pkg/x.py\nrename to Xconftest.py\n"
+    assert sanitize_patch(patch).kept == ["pkg/x.py"]  # Xconftest.py is not a conftest.py
