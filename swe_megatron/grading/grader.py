@@ -608,7 +608,7 @@ class _SandboxRun:
         for t in self.task.FAIL_TO_PASS:
             f2p.get(t.split("::", 1)[0], []).append(t)
         canaries = canary_tests.plant(file, source, ids, fail_to_pass=f2p.pop(file, []))
-        self._rewrite(file, canaries.text)
+        texts = {file: canaries.text}
         for other, tests in sorted(f2p.items()):  # decoys for the FAIL_TO_PASS tests of every other file
             try:
                 raw = self.sandbox.read_file(other, max_bytes=RECORD_MAX_BYTES + 1)
@@ -619,21 +619,22 @@ class _SandboxRun:
                 continue  # not a readable test file of this run (an id that names no file): nothing to rename
             decoys = canary_tests.plant(other, text, [], fail_to_pass=tests, twins=False)
             if decoys.renamed:
-                self._rewrite(other, decoys.text)
+                texts[other] = decoys.text
                 canaries.add(decoys)
         self.result.canaries = canaries
-        self._step(f"rm -f {self.d}/test.diff", "planting the canary tests")
-
-    def _rewrite(self, file: str, text: str) -> None:
-        """Replace a test file's text in the sandbox, keeping its modification time."""
-        self.sandbox.write_file(f"{self.rel}/canaried", text.encode("utf-8"))
-        target, copy = shlex.quote(file), f"{self.d}/canaried"
+        commands = []  # each file rewritten in place, keeping its modification time; one step for all
+        for i, (target, text) in enumerate(texts.items()):
+            copy, target = f"{self.d}/canaried-{i}", shlex.quote(target)
+            self.sandbox.write_file(f"{self.rel}/canaried-{i}", text.encode("utf-8"))
+            commands.append(f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target}")
         res = self._step(
-            f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target} && rm -f {copy}",
+            " && ".join([*commands, f"rm -f {self.d}/canaried-* {self.d}/test.diff"]),
             "planting the canary tests",
         )
         if res.exit_code != 0:
-            raise GradingInfraError(f"cannot plant the canary tests in {file}: {_text(res.output)[-400:]}")
+            raise GradingInfraError(
+                f"cannot plant the canary tests in {', '.join(texts)}: {_text(res.output)[-400:]}"
+            )
 
     def _run_tests(self) -> _TestOutput:
         limits, rel = self.limits, self.rel

@@ -59,7 +59,7 @@ class FakeSandbox:
         if self.fail == "write":
             raise SandboxError("the sandbox's disk is gone")
         self.written[path] = data
-        if path.endswith("/canaried"):  # the canaries the grader drew: report them as an honest run would
+        if path.endswith("/canaried-0"):  # the canaries the grader drew: report them as an honest run would
             planted = FakeSandbox.planted[-1]
             for node in [k for k in self.outcomes if k.partition("[")[0] in planted.renamed]:
                 self.outcomes[planted.task_id(node)] = self.outcomes.pop(node)  # renamed FAIL_TO_PASS tests
@@ -226,7 +226,7 @@ def test_a_forged_canary_flags_tampered_even_when_the_run_failed(tmp_path):
     class Flipping(FakeSandbox):
         def write_file(self, path, data):
             super().write_file(path, data)
-            if path.endswith("/canaried"):
+            if path.endswith("/canaried-0"):
                 self.outcomes = {
                     k: "PASSED" if "::test_" in k and k not in FAIL else v for k, v in self.outcomes.items()
                 }
