@@ -122,7 +122,9 @@ def test_a_sandbox_whose_shell_will_not_restart_still_gives_its_patch(cfg, repo,
     sb = make_sandbox(SandboxSpec(repo_dir=str(repo)), cfg)
     sb.start()
     try:
-        sb.exec("sed -i 's/a - b/a + b/' pkg/__init__.py && echo 'x = 1' > pkg/extra.py && chmod 000 /testbed")
+        sb.exec(
+            "sed -i 's/a - b/a + b/' pkg/__init__.py && echo 'x = 1' > pkg/extra.py && chmod 000 /testbed"
+        )
 
         def restart_fails(self, command, timeout_s):
             raise SandboxError("the sandbox could not be restarted")
