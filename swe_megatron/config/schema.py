@@ -240,7 +240,7 @@ class StageConfig:
     max_optimizer_steps: int = 8
     """Most optimiser steps per iteration (0: no cap, one step per batch_size trajectories, as in RFT)."""
     epochs: int = 1
-    """Passes over each iteration's batch."""
+    """RFT: passes over each iteration's batch (DAPO stages take one pass: the config refuses another value)."""
     t_max: int = 40
     """Turn limit of an episode (T_max)."""
     l_thr: int = 10
