@@ -27,7 +27,13 @@ from tiny_tasks import make_task_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 
-ASYNC = ["algo=async", "stage1.iterations=4", "eval.runs=1", "eval.k=[1]",
+# _until_ahead must see an episode rolled out ahead finish before the unit before it commits (its trainer step,
+# sync and checkpoint: ~18 s, while the trainer takes the cores the engine also needs). One episode at a time
+# (the first finishes about a quarter into its unit's rollout, not with the other three) and stage-1 episodes of
+# two turns (rewards are 0 either way here): in CI on 8517dd1, and alone, the first phase ran to its end without a
+# stop, its first ahead episode still running when the update landed.
+ASYNC = ["algo=async", "stage1.iterations=4", "eval.runs=1", "eval.k=[1]", "agent.concurrency=1", "stage1.t_max=2",
+         "stage1.l_thr=1",
          # stage2:0's update is the last before eval: large, so that an engine that missed it is far off.
          "stage2.optim.lr=3e-2",
          "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
