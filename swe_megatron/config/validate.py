@@ -37,7 +37,14 @@ ROPE_SCALING_TYPES = (None, "yarn")
 """What train/model.py implements (Megatron-Core's "rope" and "yarn" position embeddings)."""
 
 
-RFT_ONLY = ("warm_start", "warm_start_epochs", "warm_start_lr", "warm_start_decoys", "max_kept_per_task", "epochs")
+RFT_ONLY = (
+    "warm_start",
+    "warm_start_epochs",
+    "warm_start_lr",
+    "warm_start_decoys",
+    "max_kept_per_task",
+    "epochs",
+)
 """Stage keys only rejection fine-tuning (rft) reads: the warm start, the cap on kept successes, and the passes
 over the batch (a DAPO iteration takes one pass, split into min..max_optimizer_steps steps)."""
 DAPO_ONLY = ("eps_low", "eps_high")

@@ -604,9 +604,10 @@ class _SandboxRun:
         except (OSError, UnicodeDecodeError) as e:
             raise GradingInfraError(f"cannot read the canary file {file} (task broken?): {e}") from None
         ids = [t for t in [*self.task.FAIL_TO_PASS, *self.task.PASS_TO_PASS] if t.startswith(f"{file}::")]
-        f2p = {t.split("::", 1)[0]: [] for t in self.task.FAIL_TO_PASS if "::" in t}
+        f2p: dict[str, list[str]] = {}  # test file -> its FAIL_TO_PASS ids
         for t in self.task.FAIL_TO_PASS:
-            f2p.get(t.split("::", 1)[0], []).append(t)
+            if "::" in t:
+                f2p.setdefault(t.split("::", 1)[0], []).append(t)
         canaries = canary_tests.plant(file, source, ids, fail_to_pass=f2p.pop(file, []))
         texts = {file: canaries.text}
         for other, tests in sorted(f2p.items()):  # decoys for the FAIL_TO_PASS tests of every other file

@@ -302,11 +302,8 @@ class SandboxServer:
         max_bytes = (await self._json(request)).get("max_bytes")
         if type(max_bytes) is not int or max_bytes < 0:
             raise BadField(f"max_bytes={max_bytes!r} is invalid; allowed: an integer >= 0")
-        try:
-            patch = await self._run(entry.sandbox.host_patch, max_bytes)
-        except SandboxError as e:
-            return _error(500, str(e))
-        return web.json_response({"patch": patch})
+        result = await self._file_op(entry.sandbox.host_patch, max_bytes)
+        return result if isinstance(result, web.Response) else web.json_response({"patch": result})
 
     async def _stop(self, request: web.Request) -> web.Response:
         entry = self._sandboxes.pop(request.match_info["id"], None)
