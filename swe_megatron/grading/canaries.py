@@ -35,6 +35,8 @@ MUST_FAIL = 3
 """Must-fail twins per grading (each one a rewrite must leave alone to stay unflagged)."""
 MUST_PASS = 1
 """Must-pass twins per grading (a run that reports everything failed, or lost its record, shows it)."""
+MAX_CONSTANTS = 64
+"""Distinct constants collected per file for the twins' and decoys' assertions."""
 FAILED_OUTCOMES = ("FAILED", "ERROR")
 """A must-fail twin copies its anchor's parameters, so a fixture error (ERROR) is a failure too."""
 _FALLBACK_WORDS = ("basic", "simple", "empty", "default", "again", "other", "more", "extra", "single", "none")
@@ -54,6 +56,8 @@ class Canaries:
     """pytest node id -> "FAILED" (must fail) or "PASSED" (must pass)."""
     renamed: dict[str, str] = field(default_factory=dict)
     """Renamed FAIL_TO_PASS tests: "file[::Class]::old" -> "file[::Class]::new" (parameters not included)."""
+    _back: tuple[dict[str, str], Any] | None = field(default=None, init=False, repr=False, compare=False)
+    """original_text()'s compiled pattern, and the renames it was made for."""
 
     def add(self, other: Canaries) -> None:
         """Take in the decoys planted in another file (plant(..., twins=False))."""
@@ -73,10 +77,15 @@ class Canaries:
         return [self.original_text(t) for t in test_ids]
 
     def original_text(self, text: str) -> str:
-        """text with every renamed test's id put back to the task's."""
-        for old, new in self.renamed.items():
-            text = re.sub(rf"{re.escape(new)}(?![\w])", lambda _m, old=old: old, text)
-        return text
+        """text with every renamed test's id put back to the task's (one pass: new ids are fresh names, so
+        no replacement can make another one's id)."""
+        if not self.renamed:
+            return text
+        back = {new: old for old, new in self.renamed.items()}
+        if self._back is None or self._back[0] != back:
+            names = "|".join(re.escape(n) for n in sorted(back, key=len, reverse=True))
+            self._back = (back, re.compile(rf"(?:{names})(?![\w])"))
+        return self._back[1].sub(lambda m: back[m.group(0)], text)
 
 
 def plant(
@@ -282,6 +291,8 @@ def _constants(tree: ast.Module) -> list[Any]:
             v = node.value
             if type(v) is int and abs(v) < 10**6 or type(v) is str and 0 < len(v) <= 16 and v.isprintable():
                 seen[(type(v).__name__, v)] = None
+                if len(seen) >= MAX_CONSTANTS:
+                    break  # enough to draw from; walking a large file's every node costs more than grading it
     return [v for _, v in seen]
 
 

@@ -86,13 +86,15 @@ def test_script(
     Run as `bash -c SCRIPT` (never from a file the sandbox user could rewrite while bash reads it); its setup
     is `setup_command`, run before the patch is applied, so nothing in here decides an exclusion: whatever
     it leaves behind is read by the host as untrusted, size-capped input. pytest_summary adds -rA through
-    PYTEST_ADDOPTS (the summary lines swebench's pytest parsers read); record loads pytest_record.py through
+    PYTEST_ADDOPTS (the summary lines swebench's pytest parsers read), with one-line tracebacks (--tb=line:
+    formatting a long traceback costs ~7 ms a failure, and every grading has its must-fail canaries; the
+    summary keeps each failure's message; a test command's own --tb comes later and wins); record loads pytest_record.py through
     PYTEST_PLUGINS/PYTHONPATH. Only shell builtins run between the tests and writing their status, so a patch
     that exhausts the process limit cannot stop it.
     """
     lines = ["set -u", f"D={shlex.quote(grade_dir)}", f"cd {shlex.quote(workdir)} || exit 1"]
     if pytest_summary:
-        lines.append('export PYTEST_ADDOPTS="-rA${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"')
+        lines.append('export PYTEST_ADDOPTS="-rA --tb=line${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"')
     if record:
         lines += [
             f'export PYTEST_PLUGINS="{PLUGIN_MODULE}${{PYTEST_PLUGINS:+,$PYTEST_PLUGINS}}"',

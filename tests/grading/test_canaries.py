@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from swe_megatron.grading.canaries import MUST_FAIL, MUST_PASS, check, plant
+from swe_megatron.grading.canaries import MUST_FAIL, MUST_PASS, Canaries, check, plant
 from swe_megatron.grading.swebench_light import import_swebench_grading
 
 SOURCE = """\
@@ -146,6 +146,19 @@ class TestDerived(TestBase):
     extra = 1
 """
 )
+
+
+def test_original_text_maps_every_renamed_id_back_and_nothing_else():
+    """One pass over the text for all renames (a task with 59 FAIL_TO_PASS tests made the per-name loop a
+    tenth of its grading): a new name that another one extends is not cut short, an id followed by
+    parameters is mapped, a longer word is not, and renames taken in later (add) count."""
+    c = Canaries(file=FILE, text="", renamed={f"{FILE}::test_a": f"{FILE}::test_a_more"})
+    c.add(Canaries(file=FILE, text="", renamed={f"{FILE}::test_a_more": f"{FILE}::test_a_more_extra"}))
+    text = f"{FILE}::test_a_more_extra {FILE}::test_a_more[1] {FILE}::test_a_mores {FILE}::test_a_more"
+    assert c.original_text(text) == f"{FILE}::test_a_more {FILE}::test_a[1] {FILE}::test_a_mores {FILE}::test_a"
+    c.add(Canaries(file=FILE, text="", renamed={f"{FILE}::test_b": f"{FILE}::test_b_again"}))
+    assert c.original_text(f"{FILE}::test_b_again, {FILE}::test_a_more") == f"{FILE}::test_b, {FILE}::test_a"
+    assert Canaries(file=FILE, text="").original_text("x::test_a_more") == "x::test_a_more"
 
 
 def test_fail_to_pass_tests_are_renamed_and_a_decoy_takes_each_old_name(tmp_path):

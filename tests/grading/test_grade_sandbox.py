@@ -44,6 +44,24 @@ def test_record_survives_a_test_command_that_sets_its_own_pythonpath(tiny, sandb
     assert (tmp_path / "log" / "record.json").exists()
 
 
+def test_failures_print_one_line_tracebacks_unless_the_test_command_asks_otherwise(
+    tiny, sandbox_factory, tmp_path
+):
+    """Every grading has must-fail canaries: their long tracebacks were a tenth of a grading's time. The
+    summary keeps each failure's message; a test command's own --tb comes after the harness's and wins."""
+    ran = grade(tiny, "", sandbox_factory, tmp_path, skip_empty=False)
+    log = (tmp_path / "log" / "test_output.txt").read_text()
+    assert ran.status == UNRESOLVED and "FAILED tests/" in log
+    assert "def test_" not in log and "_____ " not in log  # no source listings, no per-failure sections
+
+    long_tb = dataclasses.replace(
+        tiny, extra={**tiny.extra, "test_cmd": tiny.extra["test_cmd"] + " --tb=long"}
+    )
+    ran = grade(long_tb, "", sandbox_factory, tmp_path, skip_empty=False)
+    log = (tmp_path / "log" / "test_output.txt").read_text()
+    assert ran.status == UNRESOLVED and "def test_" in log
+
+
 def test_empty_patch_does_not_resolve(tiny, sandbox_factory, tmp_path):
     task = tiny
     skipped = grade(task, "", sandbox_factory, tmp_path)
