@@ -120,6 +120,12 @@ def plant(
     quote = '"' if source.count('"') > source.count("'") else "'"
     inserts: dict[int, list[str]] = {}
     expected: dict[str, str] = {}
+
+    def draw(equal: bool) -> tuple[str, str]:
+        """Two of the file's constants as source: equal (a must-pass twin) or not (must fail)."""
+        x, y = (_literal(v, quote) for v in _pair(constants, equal, rng))
+        return x, y
+
     plan = ["FAILED"] * MUST_FAIL + ["PASSED"] * MUST_PASS if twins else []
     rng.shuffle(plan)
     for i, want in enumerate(plan):
@@ -127,7 +133,7 @@ def plant(
         base = anchor.name if anchor else rng.choice(sorted(defs, key=str) or [("", "test")])[-1]
         name = _fresh_name(base, words, taken, rng)
         taken.add(name)
-        x, y = (_literal(v, quote) for v in _pair(constants, want == "PASSED", rng))
+        x, y = draw(equal=want == "PASSED")
         if anchor is not None:
             text = _twin(anchor, name, x, y)
             at, node_class = anchor.end, anchor.cls
@@ -140,12 +146,8 @@ def plant(
         taken.add(name := _fresh_name(base, words, taken, rng))
         return name
 
-    def must_fail() -> tuple[str, str]:
-        x, y = (_literal(v, quote) for v in _pair(constants, False, rng))
-        return x, y
-
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)} if tree is not None else {}
-    renamed = _decoys(file, fail_to_pass, defs, classes, lines, source, inserts, fresh, must_fail)
+    renamed = _decoys(file, fail_to_pass, defs, classes, lines, source, inserts, fresh, lambda: draw(False))
     tested = {t.partition("[")[0] for t in fail_to_pass}  # ids the run certainly collects
     expected.update(dict.fromkeys((old for old in renamed if old in tested), "FAILED"))
     out = []

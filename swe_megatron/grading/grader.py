@@ -612,8 +612,8 @@ class _SandboxRun:
         texts = {file: canaries.text}
         for other, tests in sorted(f2p.items()):  # decoys for the FAIL_TO_PASS tests of every other file
             try:
-                raw = self.sandbox.read_file(other, max_bytes=RECORD_MAX_BYTES + 1)
-                text = raw.decode("utf-8") if len(raw) <= RECORD_MAX_BYTES else None
+                raw = self.sandbox.read_file(other, max_bytes=TEST_FILE_MAX_BYTES + 1)
+                text = raw.decode("utf-8") if len(raw) <= TEST_FILE_MAX_BYTES else None
             except (OSError, UnicodeDecodeError):
                 text = None
             if text is None:
@@ -854,6 +854,8 @@ def _parse_int(raw: bytes | None) -> int | None:
 
 RECORD_MAX_BYTES = 32 << 20
 """Largest harness record read back (about 200,000 test ids); a larger one is invalid."""
+TEST_FILE_MAX_BYTES = 8 << 20
+"""Largest test file read to plant decoys in; a larger one (a generated fixture, not a test module) gets none."""
 RECORD_STATUSES = frozenset({"PASSED", "SKIPPED", "XFAIL", "FAILED", "ERROR"})
 
 

@@ -155,7 +155,9 @@ def test_original_text_maps_every_renamed_id_back_and_nothing_else():
     c = Canaries(file=FILE, text="", renamed={f"{FILE}::test_a": f"{FILE}::test_a_more"})
     c.add(Canaries(file=FILE, text="", renamed={f"{FILE}::test_a_more": f"{FILE}::test_a_more_extra"}))
     text = f"{FILE}::test_a_more_extra {FILE}::test_a_more[1] {FILE}::test_a_mores {FILE}::test_a_more"
-    assert c.original_text(text) == f"{FILE}::test_a_more {FILE}::test_a[1] {FILE}::test_a_mores {FILE}::test_a"
+    assert (
+        c.original_text(text) == f"{FILE}::test_a_more {FILE}::test_a[1] {FILE}::test_a_mores {FILE}::test_a"
+    )
     c.add(Canaries(file=FILE, text="", renamed={f"{FILE}::test_b": f"{FILE}::test_b_again"}))
     assert c.original_text(f"{FILE}::test_b_again, {FILE}::test_a_more") == f"{FILE}::test_b, {FILE}::test_a"
     assert Canaries(file=FILE, text="").original_text("x::test_a_more") == "x::test_a_more"
