@@ -131,6 +131,15 @@ class TimedEngine:
         self.inner.reload_weights(path)
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have exited and been waited for (the provenance workers:
+    the stand-ins and sandbox servers live until the end)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -150,6 +159,7 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
     cfg = RunConfig()
     cfg.agent.concurrency = concurrency
     cfg.agent.episode_timeout_s = 0.0
+    cfg.agent.provenance_workers = args.provenance_workers
     cfg.monitor.progress = False
     cfg.sandbox.command_timeout_s = 60.0
     stage = getattr(cfg, args.stage)
@@ -163,6 +173,7 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
     rollouts = Rollouts(cfg, engine, sandboxes, args.chat)
     monitor = Monitor(out / "tb", progress=False)
     base = Probe.sample()
+    children0 = _children_cpu()
     cpu0, t0 = time.process_time(), time.perf_counter()
     timer = threading.Timer(args.kill_at, fault) if fault is not None and args.kill_at > 0 else None
     if timer is not None:
@@ -182,6 +193,9 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         monitor.close()
         sandboxes.close()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    if rollouts.provenance is not None:
+        rollouts.provenance.close()  # its workers exit and are waited for: their CPU time counts below
+    workers_cpu = _children_cpu() - children0
     added = [took - own for _, took, own in engine.calls]
     own_by_session: dict[str, float] = {}
     for session, _, own in engine.calls:
@@ -207,6 +221,8 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         "controller_cpu_s": round(cpu, 2),
         "cpu_ms_per_turn": round(1000 * cpu / turns, 2),
         "cpu_cores_used": round(cpu / wall, 2),
+        "provenance_workers": args.provenance_workers,
+        "provenance_workers_cpu_s": round(workers_cpu, 2),
         "rss_base_mb": round(base["rss_mb"], 1),
         "rss_peak_mb": round(probe.peak["rss_mb"], 1),
         "mb_per_episode_in_flight": round((probe.peak["rss_mb"] - base["rss_mb"]) / concurrency, 2),
@@ -249,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turn-model", default="{}", help="TurnModel fields as JSON (tools/standin_vllm.py)")
     p.add_argument("--kill-at", type=float, default=0.0, help="seconds into each level: SIGKILL one stand-in "
                    "engine and one sandbox server (the first of each still alive); 0: no fault")  # fmt: skip
+    p.add_argument("--provenance-workers", type=int, default=0,
+                   help="agent.provenance_workers: processes for the provenance checks (0: episode threads)")  # fmt: skip
     p.add_argument("--json", default="", help="write the figures here")
     p.add_argument(
         "--work",

