@@ -65,29 +65,35 @@ def covering_tests(path: str) -> list[str]:
     )
 
 
-def scratch_copy(dest: Path) -> None:
-    """The work tree's files (tracked and untracked, not ignored) under dest; data/ linked, not copied."""
+def scratch_copy(dest: Path) -> list[str]:
+    """The work tree's files (tracked and untracked, not ignored) under dest; data/ linked, not copied, also in
+    dest/mutants (where mutmut runs the tests). Returns the tree's top-level entries, for mutmut's also_copy."""
+    top = set()
     for rel in _git("ls-files", "--cached", "--others", "--exclude-standard"):
         src = ROOT / rel
         if src.is_file() and not src.is_symlink():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
+            top.add(rel.split("/", 1)[0])
     if (ROOT / "data").exists():
-        (dest / "data").symlink_to((ROOT / "data").resolve())
+        (dest / "mutants").mkdir()
+        for link in (dest / "data", dest / "mutants" / "data"):
+            link.symlink_to((ROOT / "data").resolve())
+    return sorted(top - {"data"})
 
 
 def _toml_list(items: list[str]) -> str:
     return "[" + ", ".join(f'"{i}"' for i in items) + "]"
 
 
-def configure(dest: Path, files: list[str], tests: list[str], markers: str) -> None:
-    """mutmut's settings for this run, appended to the copy's pyproject.toml."""
+def configure(dest: Path, files: list[str], tests: list[str], markers: str, top: list[str]) -> None:
+    """mutmut's settings for this run, appended to the copy's pyproject.toml; top: the tree's top-level entries."""
     with (dest / "pyproject.toml").open("a") as f:
         f.write(
             "\n[tool.mutmut]\n"
             f"source_paths = {_toml_list(files)}\n"
-            # The rest of the package, the configs and the tests, as they are (the tests import them).
-            f"also_copy = {_toml_list(['swe_megatron', 'configs', 'tests', 'tools'])}\n"
+            # The rest of the tree as it is: the tests import the package and read slurm/, configs/, containers/...
+            f"also_copy = {_toml_list(top)}\n"
             f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
             f"pytest_add_cli_args = {_toml_list(['-p', 'no:cacheprovider', '-m', markers])}\n"
         )
@@ -159,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if (work / "pyproject.toml").exists():
         ap.error(f"--keep {work} is not empty: give a new folder")
     try:
-        scratch_copy(work)
-        configure(work, files, tests, args.markers)
+        configure(work, files, tests, args.markers, scratch_copy(work))
         # The copy's code, not the work tree's: the tree is dropped from PYTHONPATH (mutmut puts mutants/ first).
         path = [
             p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT

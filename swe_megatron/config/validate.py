@@ -159,7 +159,12 @@ def _model_problems(m: Any) -> list[str]:
     out = []
     if m.architecture not in ("qwen2", "llama"):
         out.append(f"model.architecture={m.architecture!r} is invalid; allowed: qwen2, llama")
-    if m.hidden_size % m.num_attention_heads or m.num_attention_heads % m.num_key_value_heads:
+    heads, kv_heads = m.num_attention_heads, m.num_key_value_heads
+    if heads < 1 or kv_heads < 1:
+        out.append(
+            f"model.num_attention_heads={heads} / model.num_key_value_heads={kv_heads} are invalid; allowed: integers >= 1"
+        )
+    elif m.hidden_size % heads or heads % kv_heads:
         out.append(
             f"model: hidden_size ({m.hidden_size}) must be divisible by num_attention_heads ({m.num_attention_heads}), "
             f"and that by num_key_value_heads ({m.num_key_value_heads})"
@@ -235,7 +240,7 @@ def _parallel_problems(p: Any, m: Any) -> list[str]:
         )
     if p.sequence_parallel and p.tensor_parallel == 1:
         out.append("parallel.sequence_parallel=true needs tensor_parallel > 1; allowed: false with TP=1")
-    if m.num_key_value_heads % p.tensor_parallel:
+    if p.tensor_parallel >= 1 and m.num_key_value_heads % p.tensor_parallel:  # TP < 1 is reported above
         # Megatron-Core gives each TP rank whole KV heads (query groups); the HF mapping does not replicate them.
         out.append(
             f"parallel.tensor_parallel={p.tensor_parallel} does not divide model.num_key_value_heads "

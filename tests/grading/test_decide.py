@@ -223,7 +223,7 @@ def _no_sandbox(spec):
         ("--- a/x.py\n+++ b/x.py\n@@ -1,3 +1,3 @@\n-a\n", "unparseable patch"),
         (
             "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n@@ -0,0 +1 @@\n+x = 1\n",
-            "sanitising",
+            "empty after sanitising (every edit touched a protected file)",
         ),
     ],
 )
@@ -232,6 +232,8 @@ def test_empty_and_unparseable_patches_are_empty_not_errors(tmp_path, patch, rea
 
     result = grade_one(make_task(), patch, _no_sandbox, log_dir=tmp_path / "log")
     assert result.status == "empty_patch" and result.reward == 0.0 and reason in result.reason
+    if not patch or "conftest" in patch:  # the grader's own reasons, whole (the parser's are sanitize.py's)
+        assert result.reason == reason
     assert (tmp_path / "log" / "result.json").exists()
 
 

@@ -16,12 +16,17 @@ from tiny_task import unbuilt_task as make_task
 
 from swe_megatron.grading import canaries as canary_tests
 from swe_megatron.grading.canaries import Canaries
+from swe_megatron.grading.eval_script import KILL_AFTER_S
 from swe_megatron.grading.exclusion import Phase, deadline_excluded, excludable, needs_control
 from swe_megatron.grading.grader import (
+    EMPTY_PATCH,
     ERROR,
+    RECORD_MAX_BYTES,
     RESOLVED,
     UNRESOLVED,
     Excluded,
+    _failures,
+    grade_many,
     grade_one,
     parse_record,
 )
@@ -294,3 +299,242 @@ def test_odd_patches_are_never_excluded(tmp_path_factory, patch):
         make_task(), patch, lambda spec: FakeSandbox(FAIL), log_dir=tmp_path_factory.mktemp("patch")
     )
     assert result.status != ERROR and result.excluded == "", (result.status, result.reason)
+
+
+def test_the_result_files_say_what_the_result_says(tmp_path):
+    """result.json is GradeResult.to_dict (with resolved and reward); report.json, SWE-bench's per-instance
+    report, is written for scored patches only: an excluded error is no outcome of the patch."""
+    ok = grade(tmp_path / "ok", PASS)
+    saved = json.loads((tmp_path / "ok" / "result.json").read_text())
+    assert saved["status"] == RESOLVED and saved["resolved"] is True and saved["reward"] == 1.0
+    assert (saved["excluded"], saved["tampered"], ok.error) == ("", "", None)
+    assert set(ok.timings) == {"start", "apply", "tests", "stop"} and saved["timings"] == ok.timings
+    report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    assert report == {
+        "calc__calc-0001": {
+            "patch_is_None": False,
+            "patch_exists": True,
+            "patch_successfully_applied": True,
+            "resolved": True,
+            "tests_status": ok.tests_status,
+        }
+    }
+    assert ok.tests_status["FAIL_TO_PASS"]["success"] == list(F2P)
+    err = grade(tmp_path / "err", PASS, fail="start")
+    saved = json.loads((tmp_path / "err" / "result.json").read_text())
+    assert (saved["status"], saved["excluded"], saved["reward"], saved["resolved"]) == (
+        ERROR,
+        "sandbox",
+        None,
+        False,
+    )
+    assert err.error == err.reason == "infrastructure: sandbox: no sandbox today"
+    assert not (tmp_path / "err" / "report.json").exists()
+
+
+def test_grade_many_keeps_job_order_and_reports_each_result(tmp_path):
+    """One worker or several: results in job order, on_result called once per grading, kwargs reach grade_one."""
+    jobs = [(make_task(), GOLD_PATCH, tmp_path / "a"), (make_task(), "", tmp_path / "b")]
+    for workers in (1, 2):
+        seen = []
+        results = grade_many(
+            jobs,
+            lambda spec: FakeSandbox(PASS),
+            workers=workers,
+            on_result=seen.append,
+            max_patch_bytes=10**6,
+        )
+        assert [r.status for r in results] == [RESOLVED, EMPTY_PATCH], workers
+        assert sorted(r.status for r in seen) == sorted([RESOLVED, EMPTY_PATCH]) and len(seen) == 2
+    small = grade_many(jobs[:1], lambda spec: FakeSandbox(PASS), workers=2, max_patch_bytes=10)
+    assert small[0].status == UNRESOLVED and "bytes" in small[0].reason
+
+
+def test_failing_tests_are_named_in_the_reason():
+    """At most five ids per kind, then how many more; no failures named: the generic reason."""
+    status = {
+        "FAIL_TO_PASS": {"success": [], "failure": [f"t{i}" for i in range(7)]},
+        "PASS_TO_PASS": {"success": ["p0"], "failure": ["p1"]},
+    }
+    assert _failures(status) == "FAIL_TO_PASS failing: t0, t1, t2, t3, t4 (+2 more); PASS_TO_PASS failing: p1"
+    assert _failures({"FAIL_TO_PASS": {"failure": [f"t{i}" for i in range(5)]}}) == (
+        "FAIL_TO_PASS failing: t0, t1, t2, t3, t4"
+    )
+    assert _failures({"PASS_TO_PASS": {"failure": ["p1"]}}) == "PASS_TO_PASS failing: p1"
+    assert (
+        _failures(None)
+        == _failures({})
+        == _failures({"FAIL_TO_PASS": {"success": ["t0"]}})
+        == ("tests did not pass")
+    )
+
+
+def test_parse_record_says_why_a_record_is_invalid():
+    good = b'{"finished": true, "exitstatus": 0, "tests": {"t::a": "PASSED"}}'
+    assert parse_record(good) == ({"finished": True, "exitstatus": 0, "tests": {"t::a": "PASSED"}}, None)
+    assert parse_record(None) == (None, None)
+    at_cap = good + b" " * (RECORD_MAX_BYTES - len(good))
+    assert parse_record(at_cap)[1] is None and parse_record(at_cap + b" ") == (
+        None,
+        f"over {RECORD_MAX_BYTES} bytes",
+    )
+    assert parse_record(b"{") == (None, "not JSON (JSONDecodeError)")
+    assert parse_record(b"[]") == (None, "not an object with finished, exitstatus and tests")
+    assert parse_record(b'{"finished": true, "exitstatus": 0}') == (
+        None,
+        "not an object with finished, exitstatus and tests",
+    )
+    wrong_types = "finished is not true, exitstatus not an integer or tests not an object"
+    for bad in (
+        b'{"finished": 1, "exitstatus": 0, "tests": {}}',
+        b'{"finished": true, "exitstatus": true, "tests": {}}',
+        b'{"finished": true, "exitstatus": 0, "tests": []}',
+    ):
+        assert parse_record(bad) == (None, wrong_types), bad
+    assert parse_record(b'{"finished": true, "exitstatus": 0, "tests": {"t::a": "XPASS"}}') == (
+        None,
+        "a test outcome is not one of ERROR, FAILED, PASSED, SKIPPED, XFAIL",
+    )
+
+
+def test_the_run_s_files_reach_the_logs_and_the_composed_log(tmp_path):
+    """record.json is the record as read back; test_output.txt (result.log_path) holds the output between the
+    harness's markers, a cut noted, the exit status, and the model patch as written into the sandbox."""
+    made = []
+
+    def factory(spec):
+        made.append(FakeSandbox(FAIL))
+        return made[-1]
+
+    result = grade_one(make_task(), GOLD_PATCH, factory, log_dir=tmp_path, output_cap_bytes=40)
+    assert result.log_path == str(tmp_path / "test_output.txt")
+    log = (tmp_path / "test_output.txt").read_text()
+    assert "[harness: the test output was cut to its last 40 bytes]" in log
+    assert ">>>>> Test Exit Code: 1\n" in log and ">>>>> Tests Timed Out" not in log
+    assert json.loads((tmp_path / "record.json").read_text())["tests"][F2P[0]] == "FAILED"
+    (model_diff,) = [v for k, v in made[0].written.items() if k.endswith("/model.diff")]
+    assert model_diff == GOLD_PATCH.encode()
+    full = grade(
+        tmp_path / "full", FAIL
+    )  # the whole output: the failing test under the task's name, not a decoy's
+    assert full.reason == f"FAIL_TO_PASS failing: {F2P[0]}" and FakeSandbox.planted[-1].renamed
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "test_timeout_s", "timed_out"),
+    [(b"124\n", 0, True), (b"1\n", 0, False), (b"124\n", 900, False)],
+)
+def test_a_timeout_is_the_timeout_exit_status_past_the_test_timeout(
+    tmp_path, exit_code, test_timeout_s, timed_out
+):
+    result = grade_one(
+        make_task(),
+        GOLD_PATCH,
+        lambda spec: FakeSandbox(FAIL, files={"exit_code": exit_code}),
+        log_dir=tmp_path,
+        test_timeout_s=test_timeout_s,
+    )
+    assert result.status == UNRESOLVED
+    assert (result.reason == f"tests ran past the {test_timeout_s} s test timeout") is timed_out, (
+        result.reason
+    )
+    assert (">>>>> Tests Timed Out" in (tmp_path / "test_output.txt").read_text()) is timed_out
+
+
+def test_a_missing_exit_status_is_noted_in_the_log(tmp_path):
+    class NoExitCode(FakeSandbox):
+        def read_file(self, path, max_bytes=None):
+            if path.endswith("/exit_code"):
+                raise FileNotFoundError(path)
+            return super().read_file(path, max_bytes)
+
+    result = grade_one(make_task(), GOLD_PATCH, lambda spec: NoExitCode(PASS), log_dir=tmp_path)
+    assert result.excluded == "" and result.status in (RESOLVED, UNRESOLVED)
+    assert (
+        "[harness: the test command's exit status was not recorded]"
+        in (tmp_path / "test_output.txt").read_text()
+    )
+
+
+def test_each_step_runs_under_its_own_time_limit(tmp_path):
+    """Harness steps get step_timeout_s, every apply attempt what is left of the apply budget, the tests their
+    timeout plus the kill delay and a step."""
+    asked = []
+
+    class Timed(FakeSandbox):
+        def exec(self, command, timeout_s=None):
+            asked.append((command, timeout_s))
+            return super().exec(command, timeout_s)
+
+    FakeSandbox.made = []
+    grade_one(
+        make_task(), GOLD_PATCH, lambda spec: Timed(PASS), log_dir=tmp_path, step_timeout_s=7, apply_timeout_s=3,
+        test_timeout_s=50,
+    )  # fmt: skip
+    applies = [t for c, t in asked if "model.diff" in c]
+    assert applies and all(2 < t <= 3 for t in applies), asked
+    tests = [t for c, t in asked if c.startswith("bash --noprofile")]
+    assert tests == [50 + KILL_AFTER_S + 7]
+    assert {t for c, t in asked if "model.diff" not in c and not c.startswith("bash --noprofile")} == {7}
+
+
+def test_a_harness_step_that_times_out_names_the_step(tmp_path):
+    result = grade(tmp_path, FAIL, fail="test.diff", timeout=True, fail_control=True)
+    assert (result.status, result.excluded) == (ERROR, "harness_step")
+    assert result.reason == "infrastructure: restoring the test files timed out after 120 s"
+
+
+def test_a_crash_of_the_grader_is_a_harness_bug_with_its_traceback(tmp_path):
+    """Before the patch: excluded as harness_bug, the traceback kept; after it, the control run decides."""
+
+    class Crashing(FakeSandbox):
+        def exec(self, command, timeout_s=None):
+            if "PYTEST_PLUGINS" in command and (self.patched or self.fail_control):
+                raise RuntimeError("boom")
+            return super().exec(command, timeout_s)
+
+    FakeSandbox.made = []
+    both = grade_one(
+        make_task(), GOLD_PATCH, lambda spec: Crashing(PASS, fail_control=True), log_dir=tmp_path / "b"
+    )
+    assert (both.status, both.excluded) == (ERROR, "harness_bug")
+    assert both.reason == "infrastructure: grading crashed: RuntimeError: boom"
+    assert "RuntimeError: boom" in (tmp_path / "b" / "harness_error.txt").read_text()
+    FakeSandbox.made = []
+    once = grade_one(make_task(), GOLD_PATCH, lambda spec: Crashing(PASS), log_dir=tmp_path / "o")
+    assert (once.status, once.excluded) == (UNRESOLVED, "") and len(FakeSandbox.made) == 2, once.reason
+
+
+def test_a_run_claiming_success_with_a_failing_must_pass_canary_is_tampered(tmp_path):
+    """resolved, nothing forged, but two must-pass canaries FAILED: unresolved, tampered, both named."""
+
+    class Breaking(FakeSandbox):
+        def write_file(self, path, data):
+            super().write_file(path, data)
+            if path.endswith("/canaried-0"):
+                must_pass = [k for k, v in FakeSandbox.planted[-1].expected.items() if v == "PASSED"]
+                for k in must_pass[:2]:
+                    self.outcomes[k] = "FAILED"
+
+    result = grade_one(make_task(), GOLD_PATCH, lambda spec: Breaking(PASS), log_dir=tmp_path)
+    assert result.status == UNRESOLVED
+    assert result.tampered == result.reason and result.reason.startswith(
+        "the harness's canary tests came out wrong: "
+    )
+    assert result.reason.count("; ") == 1, result.reason
+
+
+def test_without_canaries_the_run_is_decided_as_reported(tmp_path):
+    """A command that selects test ids plants no canaries: swebench's decision on the log and record stands."""
+    task = make_task(test_cmd=f"python -m pytest {F2P[0]}")
+    ok = grade_one(task, GOLD_PATCH, lambda spec: FakeSandbox(PASS), log_dir=tmp_path / "ok")
+    assert (ok.status, ok.tampered, ok.reason) == (RESOLVED, "", "")
+    bad = grade_one(task, GOLD_PATCH, lambda spec: FakeSandbox(FAIL), log_dir=tmp_path / "bad")
+    assert (bad.status, bad.tampered, bad.reason) == (UNRESOLVED, "", f"FAIL_TO_PASS failing: {F2P[0]}")
+
+
+def test_a_patch_that_does_not_apply_has_no_tests_status_in_its_report(tmp_path):
+    result = grade(tmp_path, FAIL, fail="model.diff", timeout=True)
+    assert result.status == UNRESOLVED and "did not apply" in result.reason
+    report = json.loads((tmp_path / "report.json").read_text())["calc__calc-0001"]
+    assert report["patch_successfully_applied"] is False and "tests_status" not in report
