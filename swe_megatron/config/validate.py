@@ -162,7 +162,8 @@ def _model_problems(m: Any) -> list[str]:
     heads, kv_heads = m.num_attention_heads, m.num_key_value_heads
     if heads < 1 or kv_heads < 1:
         out.append(
-            f"model.num_attention_heads={heads} / model.num_key_value_heads={kv_heads} are invalid; allowed: integers >= 1"
+            f"model.num_attention_heads={heads} / model.num_key_value_heads={kv_heads} are invalid; "
+            "allowed: integers >= 1"
         )
     elif m.hidden_size % heads or heads % kv_heads:
         out.append(

@@ -88,8 +88,8 @@ def test_script(
     it leaves behind is read by the host as untrusted, size-capped input. pytest_summary adds -rA through
     PYTEST_ADDOPTS (the summary lines swebench's pytest parsers read), with one-line tracebacks (--tb=line:
     formatting a long traceback costs ~7 ms a failure, and every grading has its must-fail canaries; the
-    summary keeps each failure's message; a test command's own --tb comes later and wins); record loads pytest_record.py through
-    PYTEST_PLUGINS/PYTHONPATH. Only shell builtins run between the tests and writing their status, so a patch
+    summary keeps each failure's message; a test command's own --tb comes later and wins); record loads
+    pytest_record.py through PYTEST_PLUGINS/PYTHONPATH. Only shell builtins run between the tests and writing their status, so a patch
     that exhausts the process limit cannot stop it.
     """
     lines = ["set -u", f"D={shlex.quote(grade_dir)}", f"cd {shlex.quote(workdir)} || exit 1"]
