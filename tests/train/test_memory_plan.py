@@ -13,6 +13,12 @@ SMALL = ModelConfig(
 )  # fmt: skip
 
 
+SEVEN_B = ModelConfig(
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_attention_heads=28,
+    num_key_value_heads=4, params_dtype="bfloat16",
+)  # fmt: skip
+
+
 def test_small_case_by_hand():
     # Per layer: q/o 2 * 64*64, k/v 2 * 64*32, q/k/v bias 64+32+32, SwiGLU 3 * 64*192, two norms 2 * 64.
     per_layer = 2 * 64 * 64 + 2 * 64 * 32 + 128 + 3 * 64 * 192 + 2 * 64
@@ -38,11 +44,30 @@ def test_small_case_by_hand():
     assert y.weights * GIB == pytest.approx(2 * params / 2)
 
 
+def test_torch_adamw_holds_one_fp32_temporary_per_updated_parameter_instead_of_the_activations():
+    """Megatron's fallback optimizer (no Transformer Engine, no Apex): torch's foreach AdamW, measured on an
+    H200 at 1.5 GiB above the fused-Adam plan for a 3B model (tests/train/test_gpu.py)."""
+    params = total_params(SEVEN_B)
+    fused = estimate(SEVEN_B, 4096, 1, 1, 1, 2, distributed_optimizer=False, overhead_gib=0)
+    assert fused.step_temp == 0
+    assert fused.total == pytest.approx(fused.weights + fused.grads + fused.optimizer + fused.activations)
+    torch_adam = estimate(
+        SEVEN_B, 4096, 1, 1, 1, 2, distributed_optimizer=False, overhead_gib=1, fused_adam=False
+    )
+    assert torch_adam.step_temp * GIB == pytest.approx(4 * params)
+    assert torch_adam.step_temp > torch_adam.activations
+    steady = torch_adam.weights + torch_adam.grads + torch_adam.optimizer
+    assert torch_adam.total == pytest.approx(steady + torch_adam.step_temp + 1)  # not activations + temp
+    sharded = estimate(SEVEN_B, 4096, 1, 1, 1, 2, fused_adam=False)  # the distributed optimizer's shard
+    assert sharded.step_temp * GIB == pytest.approx(4 * params / 2)
+    kw = {"recompute": Recompute.none, "distributed_optimizer": False, "overhead_gib": 0, "fused_adam": False}
+    long = estimate(SEVEN_B, 1 << 18, 1, 1, 1, 2, **kw)
+    assert long.activations > long.step_temp
+    assert long.total == pytest.approx(long.weights + long.grads + long.optimizer + long.activations)
+
+
 def test_estimates_move_the_right_way():
-    m = ModelConfig(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, params_dtype="bfloat16",
-    )  # fmt: skip
+    m = SEVEN_B
     base = estimate(m, 32768, 4, 1, 1, 4)
     assert estimate(m, 65536, 4, 1, 1, 4).activations > base.activations
     assert estimate(m, 65536, 4, 1, 2, 2).activations < estimate(m, 65536, 4, 1, 1, 4).activations
