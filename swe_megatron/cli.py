@@ -16,6 +16,7 @@ import threading
 
 from swe_megatron import __version__
 from swe_megatron.config import ConfigError
+from swe_megatron.engine.base import EngineError
 
 # UsageError lives outside this module so `python -m swe_megatron.cli` (which loads this file as
 # __main__) catches the same class the command modules raise; re-exported here for them.
@@ -70,8 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run one subcommand. User errors become one line on stderr and exit 2; Ctrl-C and
-    SIGTERM one line saying what is kept (a command's `args.kept()`, if it sets one) and exit 128 + signal."""
+    """Parse arguments and run one subcommand. User errors become one line on stderr and exit 2; an engine
+    failure that ends a run (a failed weight sync, no server left) one line and exit 1; Ctrl-C and SIGTERM one
+    line saying what is kept (a command's `args.kept()`, if it sets one) and exit 128 + signal."""
     args = parse_args(argv)
     handlers = _catch_signals()
     try:
@@ -80,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swe-megatron {args.command}: error: config: {e}", file=sys.stderr)
     except UsageError as e:
         print(f"swe-megatron {args.command}: error: {e}", file=sys.stderr)
+    except EngineError as e:
+        print(f"swe-megatron {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:
         logging.disable(logging.WARNING)
         kept = getattr(args, "kept", None)

