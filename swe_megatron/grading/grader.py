@@ -602,7 +602,9 @@ class _SandboxRun:
         try:
             source = self.sandbox.read_file(file).decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise GradingInfraError(f"cannot read the canary file {file} (task broken?): {e}") from None
+            raise GradingInfraError(
+                f"cannot read the canary file {file} (task broken?): {e}", Excluded.TASK
+            ) from None
         ids = [t for t in [*self.task.FAIL_TO_PASS, *self.task.PASS_TO_PASS] if t.startswith(f"{file}::")]
         f2p: dict[str, list[str]] = {}  # test file -> its FAIL_TO_PASS ids
         for t in self.task.FAIL_TO_PASS:

@@ -1,5 +1,5 @@
-"""Fixtures for grading tests: a real bwrap sandbox factory, the tiny real task (tiny_task.py) and factory
-task files (see factory_task_files)."""
+"""Fixtures for grading tests: a real bwrap sandbox factory, the tiny real task (tiny_task.py), factory
+task files (see factory_task_files) and the canaries a grading drew (for scripted_sandbox.FakeSandbox)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,27 @@ def tiny(tmp_path_factory):
     folder.chmod(0o755)
     env = tiny_task.build_env()
     return tiny_task.build_task(folder, env)
+
+
+@pytest.fixture
+def planted_canaries(monkeypatch):
+    """Records each grading's canaries in FakeSandbox.planted (canaries.plant wrapped; the decoys planted in
+    other files are merged into the grading's own, so only plant(..., twins=True) calls are kept)."""
+    from scripted_sandbox import FakeSandbox
+
+    from swe_megatron.grading import canaries
+
+    FakeSandbox.planted = []
+    plant = canaries.plant
+
+    def recording(*args, **kwargs):
+        planted = plant(*args, **kwargs)
+        if kwargs.get("twins", True):
+            FakeSandbox.planted.append(planted)
+        return planted
+
+    monkeypatch.setattr(canaries, "plant", recording)
+    return FakeSandbox.planted
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_task import F2P, GOLD_PATCH, P2P, TEST_CLAMP
+from scripted_sandbox import FAIL, PASS, FakeSandbox
+from tiny_task import F2P, GOLD_PATCH, P2P
 from tiny_task import unbuilt_task as make_task
 
 from swe_megatron.grading import canaries as canary_tests
@@ -30,87 +31,9 @@ from swe_megatron.grading.grader import (
     grade_one,
     parse_record,
 )
-from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxServerLost
+from swe_megatron.sandbox.base import SandboxServerLost
 
-
-class FakeSandbox:
-    """Test fake of the Sandbox protocol (not isolated, runs nothing): every command succeeds unless `fail`
-    names a piece of it (then SandboxError, or a timeout with `timeout=True`); read_file serves the test run's
-    files from `outcomes` (test id -> PASSED/FAILED, canaries added by the grader's own names) or `files`."""
-
-    made: list[FakeSandbox] = []
-    planted: list[Canaries] = []
-    """The canaries the grader drew (canaries.plant is wrapped by the autouse fixture below)."""
-
-    def __init__(self, outcomes, fail=None, timeout=False, files=None, fail_control=False):
-        self.outcomes, self.fail, self.timeout, self.files = dict(outcomes), fail, timeout, dict(files or {})
-        self.fail_control, self.written, self.patched, self.canary_ids = fail_control, {}, False, set()
-        FakeSandbox.made.append(self)
-
-    def start(self):
-        if self.fail == "start":
-            raise SandboxError("no sandbox today")
-
-    def exec(self, command, timeout_s=None):
-        self.patched |= "model.diff" in command
-        failing = self.fail and self.fail in command and (self.patched or self.fail_control)
-        if failing and self.timeout:
-            return ExecResult(b"", -1, timed_out=True)
-        if failing:
-            raise SandboxError("the sandbox shell died")
-        return ExecResult(b"", 0)
-
-    def write_file(self, path, data):
-        if self.fail == "write":
-            raise SandboxError("the sandbox's disk is gone")
-        self.written[path] = data
-        if path.endswith("/canaried-0"):  # the canaries the grader drew: report them as an honest run would
-            planted = FakeSandbox.planted[-1]
-            for node in [k for k in self.outcomes if k.partition("[")[0] in planted.renamed]:
-                self.outcomes[planted.task_id(node)] = self.outcomes.pop(node)  # renamed FAIL_TO_PASS tests
-            expected = planted.expected
-            self.canary_ids |= set(expected)
-            for node, want in expected.items():
-                self.outcomes.setdefault(node, want)
-
-    def read_file(self, path, max_bytes=None):
-        name = path.rsplit("/", 1)[-1]
-        if name in self.files:
-            data = self.files[name]
-        elif path == F2P[0].split("::")[0]:  # the canary file, as the test patch restored it
-            data = TEST_CLAMP.encode()
-        elif name == "exit_code":
-            data = (
-                b"0\n"
-                if all(v == "PASSED" for k, v in self.outcomes.items() if k not in self.canary_ids)
-                else b"1\n"
-            )
-        elif name == "test_output.txt":
-            data = "".join(f"{v} {k}\n" for k, v in self.outcomes.items()).encode()
-        elif "/out/" in path:
-            data = json.dumps({"finished": True, "exitstatus": 0, "tests": self.outcomes}).encode()
-        else:
-            raise FileNotFoundError(path)
-        return data if max_bytes is None else data[-max_bytes:]
-
-    def stop(self):
-        pass
-
-
-PASS = {t: "PASSED" for t in F2P + P2P}
-FAIL = {**PASS, F2P[0]: "FAILED"}
-
-
-@pytest.fixture(autouse=True)
-def _record_planted(monkeypatch):
-    FakeSandbox.planted = []
-    plant = canary_tests.plant
-
-    def recording(*args, **kwargs):
-        FakeSandbox.planted.append(plant(*args, **kwargs))
-        return FakeSandbox.planted[-1]
-
-    monkeypatch.setattr(canary_tests, "plant", recording)
+pytestmark = pytest.mark.usefixtures("planted_canaries")
 
 
 def grade(tmp_path, outcomes, **fake):
@@ -189,15 +112,14 @@ def test_a_record_that_is_not_the_plugins_is_unresolved_and_flagged_not_excluded
 
 def test_everything_read_back_is_capped(tmp_path):
     """Issue 24 attack 8: the host reads only the tail of what the sandbox wrote (read_file max_bytes)."""
-    asked = {}
-
-    class Watched(FakeSandbox):
-        def read_file(self, path, max_bytes=None):
-            asked[path.rsplit("/", 1)[-1] if "/out/" not in path else "record"] = max_bytes
-            return super().read_file(path, max_bytes)
-
     FakeSandbox.made = []
-    grade_one(make_task(), GOLD_PATCH, lambda spec: Watched(PASS), log_dir=tmp_path, output_cap_bytes=1000)
+    grade_one(
+        make_task(), GOLD_PATCH, lambda spec: FakeSandbox(PASS), log_dir=tmp_path, output_cap_bytes=1000
+    )
+    asked = {
+        p.rsplit("/", 1)[-1] if "/out/" not in p else "record": n
+        for p, n in FakeSandbox.made[0].reads.items()
+    }
     assert asked["test_output.txt"] == 1001 and asked["exit_code"] <= 64 and asked["record"] is not None
 
 
@@ -459,18 +381,12 @@ def test_a_missing_exit_status_is_noted_in_the_log(tmp_path):
 def test_each_step_runs_under_its_own_time_limit(tmp_path):
     """Harness steps get step_timeout_s, every apply attempt what is left of the apply budget, the tests their
     timeout plus the kill delay and a step."""
-    asked = []
-
-    class Timed(FakeSandbox):
-        def exec(self, command, timeout_s=None):
-            asked.append((command, timeout_s))
-            return super().exec(command, timeout_s)
-
     FakeSandbox.made = []
     grade_one(
-        make_task(), GOLD_PATCH, lambda spec: Timed(PASS), log_dir=tmp_path, step_timeout_s=7, apply_timeout_s=3,
-        test_timeout_s=50,
+        make_task(), GOLD_PATCH, lambda spec: FakeSandbox(PASS), log_dir=tmp_path, step_timeout_s=7,
+        apply_timeout_s=3, test_timeout_s=50,
     )  # fmt: skip
+    asked = FakeSandbox.made[0].execs
     applies = [t for c, t in asked if "model.diff" in c]
     assert applies and all(2 < t <= 3 for t in applies), asked
     tests = [t for c, t in asked if c.startswith("bash --noprofile")]
