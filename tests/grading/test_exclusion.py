@@ -364,13 +364,10 @@ def test_a_timeout_is_the_timeout_exit_status_past_the_test_timeout(
 
 
 def test_a_missing_exit_status_is_noted_in_the_log(tmp_path):
-    class NoExitCode(FakeSandbox):
-        def read_file(self, path, max_bytes=None):
-            if path.endswith("/exit_code"):
-                raise FileNotFoundError(path)
-            return super().read_file(path, max_bytes)
-
-    result = grade_one(make_task(), GOLD_PATCH, lambda spec: NoExitCode(PASS), log_dir=tmp_path)
+    no_exit_code = {"exit_code": FileNotFoundError("exit_code")}
+    result = grade_one(
+        make_task(), GOLD_PATCH, lambda spec: FakeSandbox(PASS, files=no_exit_code), log_dir=tmp_path
+    )
     assert result.excluded == "" and result.status in (RESOLVED, UNRESOLVED)
     assert (
         "[harness: the test command's exit status was not recorded]"

@@ -514,13 +514,7 @@ def test_output_is_cut_only_past_the_cap(tmp_path, cap, cut):
 
 
 def test_a_run_that_printed_nothing_has_no_test_results(tmp_path):
-    class Silent(FakeSandbox):
-        def read_file(self, path, max_bytes=None):
-            if path.endswith("/test_output.txt"):
-                raise FileNotFoundError(path)
-            return super().read_file(path, max_bytes)
-
-    result = run(tmp_path, sandbox=Silent)
+    result = run(tmp_path, files={"test_output.txt": FileNotFoundError("test_output.txt")})
     assert (result.status, result.reason) == (UNRESOLVED, "no test results in the log")
     _, _, c = import_swebench_grading()
     log = (tmp_path / "test_output.txt").read_text()
