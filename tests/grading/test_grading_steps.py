@@ -225,6 +225,22 @@ def test_a_canary_file_that_cannot_be_read_is_a_task_failure(tmp_path, unreadabl
     )
 
 
+def test_a_patch_that_leaves_the_canary_file_unreadable_is_scored_not_excluded(tmp_path):
+    """Attack on the label above: the patch (a `.gitattributes` encoding filter, say) makes the restored canary
+    file unreadable. The control run with an empty patch reads it, so the failure is the patch's: unresolved
+    and flagged, never excluded."""
+
+    class Garbling(FakeSandbox):
+        def read_file(self, path, max_bytes=None):
+            if self.patched and path == F2P[0].split("::")[0]:
+                return b"\xff"
+            return super().read_file(path, max_bytes)
+
+    result = run(tmp_path, sandbox=Garbling)
+    assert (result.status, result.excluded) == (UNRESOLVED, "")
+    assert "cannot read the canary file" in result.tampered and "control run" in result.tampered
+
+
 # --- canaries and decoys in every file with FAIL_TO_PASS tests ---------------------------------------------
 
 
