@@ -1,13 +1,20 @@
-"""The servers a run starts, seen from the network: free ports for them, and HTTP health probes while they run."""
+"""The servers a run starts, seen from the network: free ports for them, HTTP health probes while they run, and
+the kept-alive connections the run's clients share."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import queue
+import resource
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+
+from swe_megatron.errors import UsageError
 
 
 def free_port() -> int:
@@ -60,3 +67,62 @@ def wait_healthy(
         if time.monotonic() > deadline:
             return f"not healthy after {timeout_s:.0f} s ({why})"
         time.sleep(interval_s)
+
+
+class ConnectionPool:
+    """Kept-alive HTTP/1.1 connections to one server, shared by the threads that call it: take() an idle one (or
+    a new one), give() it back once its answer is read. So a client holds at most one connection per request in
+    flight, not one per thread and server (1024 episode threads x 16 servers would be 16k sockets)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float):
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self._idle: queue.SimpleQueue[http.client.HTTPConnection] = queue.SimpleQueue()
+
+    def take(self, fresh: bool = False, timeout_s: float | None = None) -> http.client.HTTPConnection:
+        """An idle connection (fresh: a new one), its `reused` attribute saying which, with this timeout."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        conn = None
+        if not fresh:
+            with contextlib.suppress(queue.Empty):
+                conn = self._idle.get_nowait()
+        if conn is None:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            conn.reused = False
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def give(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        """conn's answer `resp` is read: keep conn for the next request, unless the server closes it."""
+        if resp.will_close:
+            conn.close()
+        else:
+            conn.reused = True
+            self._idle.put(conn)
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+def raise_open_files(need: int, what: str) -> int:
+    """Let this process open at least `need` files: its soft RLIMIT_NOFILE goes up to the hard limit (as vLLM's
+    server does; clusters often start jobs at a soft 1024, which a thousand episodes in flight pass at once).
+    UsageError naming the fix when even the hard limit is lower. The soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return soft
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise UsageError(
+            f"{what} needs about {need} open files, but this process may open at most {hard} (hard "
+            f"RLIMIT_NOFILE, `ulimit -Hn`): raise it (`ulimit -n {need}` where the job starts, or ask the "
+            "cluster's admins for a higher nofile limit), or lower the concurrency"
+        )
+    target = hard if hard != resource.RLIM_INFINITY else max(need, 1 << 16)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target

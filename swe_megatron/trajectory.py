@@ -5,14 +5,44 @@ it; assistant tokens are exactly the engine's samples (`action_mask` 1, `logprob
 everything else (prompt, observations, template glue) has mask 0 and logprob 0. `turn_spans` locate each
 assistant turn so that malformed turns can be masked for RFT. A trajectory round-trips through JSON
 (`to_dict` / `from_dict`, `to_json` / `from_json`) so it can be stored one per line in JSONL.
+
+Memory (a thousand episodes in flight, contexts to 131k tokens; docs/benchmarks.md, "Scale"): the three
+length-L fields are typed arrays (`token_array`, `mask_array`, `logprob_array`): 4 + 1 + 8 bytes a token, where
+Python lists of ints and floats took ~36 + 8 + 8..32. JSON holds them as lists; `Trajectory(...)` and
+`from_dict` take lists or arrays. Compare them as `list(traj.token_ids)`: an array never equals a list.
 """
 
 from __future__ import annotations
 
 import json
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
+
+TOKEN, MASK, LOGPROB = "i", "b", "d"
+"""array typecodes: token ids (C int, 4 bytes: vocabularies are far below 2**31), action mask (1 byte), logprobs
+(C double: exactly the float the engine returned)."""
+
+
+def token_array(values: Iterable[int] = ()) -> array:
+    """Token ids as a compact array (this one, if it already is one)."""
+    return _typed(TOKEN, values)
+
+
+def mask_array(values: Iterable[int] = ()) -> array:
+    """A 0/1 action mask as a compact array."""
+    return _typed(MASK, values)
+
+
+def logprob_array(values: Iterable[float] = ()) -> array:
+    """Logprobs as a compact array."""
+    return _typed(LOGPROB, values)
+
+
+def _typed(code: str, values) -> array:
+    return values if isinstance(values, array) and values.typecode == code else array(code, values)
 
 
 class ExitReason(str, Enum):
@@ -71,11 +101,11 @@ class Trajectory:
     """Index of this rollout among the task's samples in its iteration (0..G-1)."""
     messages: list[dict[str, str]] = field(default_factory=list)
     """The chat as text: [{"role": "system"|"user"|"assistant", "content": ...}, ...]."""
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: array = field(default_factory=token_array)
     """Token ids of the whole conversation, length L."""
-    action_mask: list[int] = field(default_factory=list)
+    action_mask: array = field(default_factory=mask_array)
     """Length L; 1 on assistant tokens sampled by the engine, 0 on prompt, observations and template glue."""
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: array = field(default_factory=logprob_array)
     """Length L; the engine's logprob of each sampled token, 0.0 where action_mask is 0."""
     prompt_len: int = 0
     """Tokens of the initial prompt (system message + problem statement) before the first assistant turn."""
@@ -110,6 +140,9 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         self.exit_reason = ExitReason(self.exit_reason)
+        self.token_ids = token_array(self.token_ids)
+        self.action_mask = mask_array(self.action_mask)
+        self.logprobs = logprob_array(self.logprobs)
         self.turn_spans = [list(span) for span in self.turn_spans]
 
     @property
@@ -166,10 +199,13 @@ class Trajectory:
             raise ValueError(f"{where}: malformed_turns={self.malformed_turns} index a missing turn")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the enum as its string value). Shallow: its lists are the trajectory's own (what
-        dataclasses.asdict would deep-copy, ~4 ms per turn of a long episode in the rollout's collector)."""
+        """A JSON-ready dict (the enum as its string value, the arrays as lists). Shallow otherwise: its lists are
+        the trajectory's own (what dataclasses.asdict would deep-copy, ~4 ms per turn of a long episode in the
+        rollout's collector)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["exit_reason"] = self.exit_reason.value
+        for name in ("token_ids", "action_mask", "logprobs"):
+            out[name] = out[name].tolist()
         return out
 
     @classmethod

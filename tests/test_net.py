@@ -47,3 +47,29 @@ def test_probe_and_wait(server):
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     proc.wait()
     assert wait_healthy(dead, proc, 60) == "exited (3)"
+
+
+def _limits_after(soft: int, hard: int, need: int) -> str:
+    """What raise_open_files(need) does in a fresh process started with these RLIMIT_NOFILE limits."""
+    code = (
+        "import resource; from swe_megatron.net import raise_open_files\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
+        "try:\n"
+        f"    raise_open_files({need}, 'agent.concurrency=1024')\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_soft_open_files_limit_is_raised_to_the_hard_one():
+    """A cluster job's soft limit of 1024 descriptors cannot hold a thousand episodes in flight."""
+    assert _limits_after(1024, 8192, 4352).strip() == "(8192, 8192)"
+    assert _limits_after(8192, 8192, 4352).strip() == "(8192, 8192)"  # enough already: untouched
+
+
+def test_a_hard_open_files_limit_below_the_need_is_one_clear_error():
+    out = _limits_after(1024, 2048, 4352)
+    assert out.startswith("UsageError agent.concurrency=1024 needs about 4352 open files")
+    assert "at most 2048" in out and "ulimit -n 4352" in out and out.endswith("(1024, 2048)\n")

@@ -21,9 +21,12 @@ import logging
 import multiprocessing
 import signal
 import unicodedata
+from array import array
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+
+from swe_megatron.trajectory import logprob_array, mask_array, token_array
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +95,14 @@ def _after_last_turn(text: str, content: str, eos: str) -> int:
 
 @dataclass
 class TokenLedger:
-    """The messages, token ids, action mask, logprobs and turn spans of one episode so far."""
+    """The messages, token ids, action mask, logprobs and turn spans of one episode so far (the length-L ones as
+    the typed arrays a Trajectory keeps: ~13 bytes a token, not ~60 as lists; trajectory.py)."""
 
     chat: ChatFormat
     messages: list[dict[str, str]] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    action_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    token_ids: array = field(default_factory=token_array)
+    action_mask: array = field(default_factory=mask_array)
+    logprobs: array = field(default_factory=logprob_array)
     turn_spans: list[list[int]] = field(default_factory=list)
     prompt_len: int = 0
 
@@ -109,8 +113,10 @@ class TokenLedger:
             {"role": "system", "content": chat.normalize(system)},
             {"role": "user", "content": chat.normalize(first_user)},
         ]
-        ids = chat.encode(chat.render(msgs, add_generation_prompt=True))
-        return cls(chat, msgs, ids, [0] * len(ids), [0.0] * len(ids), [], len(ids))
+        ids = token_array(chat.encode(chat.render(msgs, add_generation_prompt=True)))
+        ledger = cls(chat, msgs, ids, prompt_len=len(ids))
+        ledger._zeros(len(ids))
+        return ledger
 
     def add_assistant(self, sampled_ids: list[int], sampled_logprobs: list[float]) -> str:
         """Append one turn of engine samples; returns its text. A turn without the end token gets it as glue."""
@@ -125,9 +131,9 @@ class TokenLedger:
             mask.append(0)
         content = self.chat.decode(ids[:-1])
         start = len(self.token_ids)
-        self.token_ids += ids
-        self.logprobs += [lp if m else 0.0 for lp, m in zip(lps, mask)]
-        self.action_mask += mask
+        self.token_ids.extend(ids)
+        self.logprobs.extend(lp if m else 0.0 for lp, m in zip(lps, mask))
+        self.action_mask.extend(mask)
         self.turn_spans.append([start, len(self.token_ids)])
         self.messages.append({"role": "assistant", "content": content})
         return content
@@ -148,9 +154,13 @@ class TokenLedger:
         """Append an observation (as a user message); `ids` from observation_ids saves a second render."""
         ids = self.observation_ids(text) if ids is None else ids
         self.messages.append({"role": "user", "content": self.chat.normalize(text)})
-        self.token_ids += ids
-        self.action_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
+        self.token_ids.extend(ids)
+        self._zeros(len(ids))
+
+    def _zeros(self, n: int) -> None:
+        """Mask 0 and logprob 0.0 for n tokens not sampled (both all-zero bytes)."""
+        self.action_mask.frombytes(bytes(n * self.action_mask.itemsize))
+        self.logprobs.frombytes(bytes(n * self.logprobs.itemsize))
 
 
 @dataclass
@@ -179,7 +189,7 @@ def check_provenance(
     pos, prev, retok = 0, 0, 0
     bounds = [*turn_spans, [len(token_ids), len(token_ids)]]
     for j, (start, end) in enumerate(bounds):
-        seg = token_ids[prev:start]
+        seg = list(token_ids[prev:start])  # a list, as encode's: an array never equals a list
         seg_text = chat.decode(seg)
         if not text.startswith(seg_text, pos):
             return ProvenanceReport(
@@ -192,7 +202,7 @@ def check_provenance(
         pos += len(seg_text)
         if j == len(turn_spans):
             break
-        span, content = token_ids[start:end], contents[j]
+        span, content = list(token_ids[start:end]), contents[j]
         if not span or span[-1] != chat.eos_id or chat.decode(span[:-1]) != content:
             return ProvenanceReport(True, retok, f"assistant turn {j} tokens do not decode to its message")
         if not text.startswith(content + chat.eos, pos):

@@ -15,19 +15,26 @@ from __future__ import annotations
 
 import http.client
 import json
-import queue
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from array import array
+from collections.abc import Sequence
 
 from swe_megatron.config.schema import SamplingConfig
 from swe_megatron.engine.base import EngineError, Generation
+from swe_megatron.net import ConnectionPool
+from swe_megatron.trajectory import token_array
 
 
 def completion_body(
-    model: str, prompt_ids: list[int], max_tokens: int, sampling: SamplingConfig, stop_token_ids: list[int]
+    model: str,
+    prompt_ids: Sequence[int],
+    max_tokens: int,
+    sampling: SamplingConfig,
+    stop_token_ids: list[int],
 ) -> dict:
     """The exact /v1/completions request body for one turn."""
     return {
@@ -88,19 +95,18 @@ def post_json(url: str, body: dict, timeout_s: float) -> dict | None:
 
 
 class Connections:
-    """Kept-alive HTTP/1.1 connections to one server, shared by the threads that call it: a request takes an
-    idle one (or opens one), and gives it back once its answer is read; a failed one is closed."""
+    """Kept-alive HTTP/1.1 connections to one server (net.ConnectionPool), for JSON POSTs."""
 
     def __init__(self, url: str, timeout_s: float):
         parts = urllib.parse.urlsplit(url)
-        self.url, self.host, self.port, self.timeout_s = url, parts.hostname, parts.port or 80, timeout_s
-        self._idle: queue.SimpleQueue[http.client.HTTPConnection] = queue.SimpleQueue()
+        self.url = url
+        self.pool = ConnectionPool(parts.hostname, parts.port or 80, timeout_s)
 
     def post(self, path: str, data: bytes) -> dict | None:
         """POST JSON bytes, parse the answer; any failure is an EngineError naming the url. A kept connection
         the server closed meanwhile is retried once on a new one (nothing was answered on it)."""
         for attempt in (0, 1):
-            conn = self._take(fresh=attempt > 0)
+            conn = self.pool.take(fresh=attempt > 0)
             try:
                 conn.request("POST", path, data, {"Content-Type": "application/json"})
                 resp = conn.getresponse()
@@ -111,11 +117,7 @@ class Connections:
                 if stale and conn.reused and attempt == 0:
                     continue  # a kept connection the server had closed: once more on a new one
                 raise EngineError(f"{self.url}{path}: {e}; is the vLLM server running?") from e
-            if resp.will_close:
-                conn.close()
-            else:
-                conn.reused = True
-                self._idle.put(conn)
+            self.pool.give(conn, resp)
             if resp.status != 200:
                 raise EngineError(
                     f"{self.url}{path}: HTTP {resp.status}: {raw[:500].decode('utf-8', 'replace')}"
@@ -123,54 +125,45 @@ class Connections:
             return json.loads(raw) if raw.strip() else None
         raise AssertionError("unreachable")
 
-    def _take(self, fresh: bool) -> http.client.HTTPConnection:
-        if not fresh:
-            try:
-                return self._idle.get_nowait()
-            except queue.Empty:
-                pass
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-        conn.reused = False
-        return conn
-
     def close(self) -> None:
         """Close the idle connections."""
-        while True:
-            try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
-                return
+        self.pool.close()
 
 
 class PromptJson:
     """Each session's prompt as JSON text, extended by the new ids each turn instead of formatted whole: the
-    ids sent last time are checked to be the new prompt's prefix (a list comparison, no formatting), else the
-    prompt is formatted afresh. end() forgets a session."""
+    ids sent last time are checked to be the new prompt's prefix (an array comparison, no formatting), else the
+    prompt is formatted afresh. Per session it keeps the ids sent (4 bytes a token) and their text (~7 bytes a
+    token, compact separators). end() forgets a session."""
 
     def __init__(self):
-        self._sessions: dict[str, tuple[list[int], str]] = {}
+        self._sessions: dict[str, tuple[array, str]] = {}
         self._lock = threading.Lock()
 
-    def text(self, session: str, prompt_ids: list[int]) -> str:
-        """The JSON array of prompt_ids without its brackets ("1, 2, 3")."""
+    def text(self, session: str, prompt_ids: Sequence[int]) -> str:
+        """The JSON array of prompt_ids without its brackets ("1,2,3")."""
+        ids = token_array(prompt_ids)
         with self._lock:
-            sent, text = self._sessions.get(session, ([], ""))
-        n = len(sent)
-        if session and 0 < n <= len(prompt_ids) and prompt_ids[:n] == sent:
-            new = prompt_ids[n:]
-            if new:
-                text += ", " + json.dumps(list(new))[1:-1]
+            sent, text = self._sessions.get(session, (None, ""))
+        n = len(sent) if sent is not None else 0
+        if session and 0 < n <= len(ids) and ids[:n] == sent:
+            if len(ids) > n:
+                text += "," + _json_ids(ids[n:])
         else:
-            text = json.dumps(list(prompt_ids))[1:-1]
+            text = _json_ids(ids)
         if session:
             with self._lock:
-                self._sessions[session] = (list(prompt_ids), text)
+                self._sessions[session] = (array(ids.typecode, ids), text)
         return text
 
     def end(self, session: str) -> None:
         """Forget a session's prompt."""
         with self._lock:
             self._sessions.pop(session, None)
+
+
+def _json_ids(ids: array) -> str:
+    return json.dumps(ids.tolist(), separators=(",", ":"))[1:-1]
 
 
 def completion_bytes(body: dict, prompt_text: str) -> bytes:
@@ -225,7 +218,7 @@ class VllmEngine:
         """Forget the session's prompt."""
         self.prompts.end(session)
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, session: str = "") -> Generation:
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int, session: str = "") -> Generation:
         """One turn on the server (session: the episode, whose prompt grows turn by turn; see PromptJson)."""
         body = completion_body(self.model, [], max_tokens, self.sampling, self.stop_token_ids)
         data = self.connections.post(

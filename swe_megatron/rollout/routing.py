@@ -15,9 +15,11 @@ else it is not made (NoFreeSlot). So a prefetched sandbox never holds a slot tha
 sandbox or grading waits for. An episode's
 engine session sticks to one vLLM server (its prefix cache), assigned the same way on the first turn.
 
-Failover: a SandboxError or EngineError from a server triggers a short health probe of that server. A server
-that does not answer it is out of rotation for the rest of the run (one warning); a server that answers
-stays (the error was the request's: an unusable answer, a sandbox that failed to start). The failing
+Failover: a SandboxError or EngineError from a server triggers a short health probe of that server, repeated
+twice more over ~6 s while it fails. A server that answers none is out of rotation for the rest of the run
+(one warning): a killed one refuses at once, and an overloaded one that misses one probe is not dropped (at 1024
+episodes in flight a dropped slow server's load made the next one slow: tools/sim_scale.py). A server that
+answers stays (the error was the request's: an unusable answer, a sandbox that failed to start). The failing
 episode stays what it already is, an infrastructure failure, which rollout_one retries (agent.infra_retries)
 as a new episode placed on a live server; episodes still pinned to the dead server fail at their next call.
 With no server of a kind left, placement fails at once, the remaining episodes end quickly as
@@ -54,6 +56,11 @@ log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 10.0
 """Timeout of one health probe of a server after a failed request."""
+PROBE_ATTEMPTS = 3
+"""Probes of a server after a failed request before it is out of rotation (a dead one refuses each at once; an
+overloaded one that misses one probe is not dead, and dropping it would pile its load on the others)."""
+PROBE_INTERVAL_S = 2.0
+"""Wait before the second probe (doubling after it)."""
 SLOT_WAIT_S = 120.0
 """Longest wait of a needed placement for a free sandbox slot before placing over a server's max_concurrent
 anyway (a run that needs more sandboxes at once than the servers allow: more episodes than slots)."""
@@ -99,6 +106,10 @@ class Rotation:
         """Longest time a placement waited for a free slot so far."""
         self.overcommits = 0
         """Placements made over a server's capacity after slot_wait_s (each warned)."""
+        self.probe_attempts = PROBE_ATTEMPTS
+        """Probes of a server after a failed request before it is dropped."""
+        self.probe_interval_s = PROBE_INTERVAL_S
+        """Wait before the second probe (doubling)."""
         self._probe = probe
         self._cond = threading.Condition()
         self._seq = itertools.count(1)
@@ -164,13 +175,18 @@ class Rotation:
             self._cond.notify_all()
 
     def failed(self, i: int, error: BaseException | str) -> bool:
-        """A request to server i failed: probe it; True if it is (now) out of rotation."""
-        if i in self.dead:
-            return True
-        reason = self._probe(i)
-        if reason is None:
-            return False
-        self.drop(i, f"{error}; health probe: {reason}")
+        """A request to server i failed: probe it (up to probe_attempts times, probe_interval_s apart, doubling)
+        ; True if it is (now) out of rotation: no probe answered."""
+        for attempt in range(self.probe_attempts):
+            if i in self.dead:
+                return True
+            if attempt:
+                time.sleep(self.probe_interval_s * 2 ** (attempt - 1))
+            reason = self._probe(i)
+            if reason is None:
+                return False
+        tries = f" ({self.probe_attempts} probes)" if self.probe_attempts > 1 else ""
+        self.drop(i, f"{error}; health probe{tries}: {reason}")
         return True
 
     def drop(self, i: int, reason: str) -> None:

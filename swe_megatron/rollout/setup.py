@@ -18,12 +18,20 @@ from swe_megatron.config.schema import EvalConfig, RunConfig, SandboxConfig, Sta
 from swe_megatron.engine.base import Engine
 from swe_megatron.grading.grader import grade_one, task_grading
 from swe_megatron.model.tokenizer import load_tokenizer
+from swe_megatron.net import raise_open_files
 from swe_megatron.rollout.rollouts import GradeOutcome, Grader, RolloutSetup, RolloutStats, run_rollouts
 from swe_megatron.rollout.routing import SandboxPool, check_servers
 from swe_megatron.sandbox import make_sandbox
 from swe_megatron.sandbox.base import Sandbox, SandboxSpec
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import Trajectory
+
+
+def open_files_needed(concurrency: int) -> int:
+    """Descriptors the rollout controller may hold: per episode in flight a connection to its engine and one to
+    its sandbox server (net.ConnectionPool), and its grading's; a margin for logs, servers' sessions, workers."""
+    return 4 * concurrency + 256
+
 
 SpecFactory = Callable[[SandboxSpec], Sandbox]
 """A new, not started sandbox for a spec."""
@@ -110,6 +118,9 @@ class Rollouts:
         """Task -> a new episode sandbox."""
         self.grade_sandbox = grading_sandbox_factory(cfg.sandbox, sandboxes)
         """Task -> a new grading sandbox (a clean copy of the task's repository)."""
+        raise_open_files(
+            open_files_needed(cfg.agent.concurrency), f"agent.concurrency={cfg.agent.concurrency}"
+        )
         workers = cfg.agent.provenance_workers
         self.provenance = ProvenancePool(self.chat, workers) if workers > 0 else None
         """agent.provenance_workers > 0: the episodes' provenance checks run in these processes."""

@@ -7,8 +7,8 @@
 
 One SandboxClient is one server session: while it lives, a background thread holds the session's attach
 stream open, so the server knows the client is alive and stops all of the session's sandboxes as soon as
-the client process goes away (or `close()` is called). Use it from many threads at once: each thread gets
-its own keep-alive HTTP connection. Any failure of the server or the network raises SandboxError (an
+the client process goes away (or `close()` is called). Use it from many threads at once: they share a pool of
+keep-alive HTTP connections (net.ConnectionPool: one per request in flight, not one per thread). Any failure of the server or the network raises SandboxError (an
 infrastructure failure); file errors come back as the same OSError subclasses the backends raise.
 """
 
@@ -25,6 +25,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+from swe_megatron.net import ConnectionPool
 from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
 
 SESSION_HEADER = "X-Sandbox-Session"
@@ -64,7 +65,7 @@ class SandboxClient:
         self.session = secrets.token_hex(12)
         """This client's session id; the server stops the session's sandboxes when it goes away."""
         self._headers = {"Authorization": f"Bearer {token}", SESSION_HEADER: self.session}
-        self._local = threading.local()
+        self._pool = ConnectionPool(self.host, self.port, timeout_s)
         self._closed = threading.Event()
         self._attach_conn: http.client.HTTPConnection | None = None
         self._attach_thread: threading.Thread | None = None
@@ -76,16 +77,6 @@ class SandboxClient:
 
     # -- HTTP ------------------------------------------------------------------------------------------------
 
-    def _conn(self, timeout: float) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-            self._local.conn = conn
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
-        return conn
-
     def request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
         """One JSON request; SandboxError (or a file error) for anything but a 2xx answer."""
         if self._closed.is_set():
@@ -94,16 +85,18 @@ class SandboxClient:
         headers = dict(self._headers, **({"Content-Type": "application/json"} if payload is not None else {}))
         timeout = self.timeout_s if timeout is None else timeout
         for attempt in range(2):
-            conn = self._conn(timeout)
-            reused = conn.sock is not None
+            conn = self._pool.take(fresh=attempt > 0, timeout_s=timeout)
             try:
                 conn.request(method, path, body=payload, headers=headers)
                 resp = conn.getresponse()
                 raw = resp.read()
+                self._pool.give(conn, resp)
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 conn.close()
-                if reused and attempt == 0:  # the server closed an idle keep-alive connection: resend once
+                if (
+                    conn.reused and attempt == 0
+                ):  # the server closed an idle keep-alive connection: resend once
                     continue
                 raise SandboxError(f"sandbox server {self.url}: connection lost ({e})") from None
             except (OSError, http.client.HTTPException) as e:
@@ -158,6 +151,7 @@ class SandboxClient:
         with contextlib.suppress(SandboxError):
             self.request("DELETE", f"/v1/sessions/{self.session}")
         self._closed.set()
+        self._pool.close()
         conn = self._attach_conn
         if conn is not None and conn.sock is not None:
             with contextlib.suppress(OSError):

@@ -24,6 +24,7 @@ from swe_megatron.config.load import load_config
 from swe_megatron.config.schema import SandboxBackend, SandboxConfig
 from swe_megatron.config.validate import sandbox_problems
 from swe_megatron.errors import UsageError
+from swe_megatron.net import raise_open_files
 from swe_megatron.sandbox.local import REFUSED
 
 TOKEN_ENV = "SWE_MEGATRON_SANDBOX_TOKEN"
@@ -69,6 +70,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError("; ".join(p.replace("sandbox.max_concurrent", "--max-concurrent") for p in problems))
     if cfg.backend == SandboxBackend.local and not cfg.allow_local:
         raise UsageError(REFUSED)
+    # per sandbox: its shell's pipes, the cgroup counters kept open, a client connection or two
+    raise_open_files(16 * cfg.max_concurrent + 256, f"--max-concurrent {cfg.max_concurrent}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sandbox-server %(message)s")
     server = SandboxServer(cfg, token)
 

@@ -130,6 +130,14 @@ def _signal(pid: int | None, sig: int) -> None:
             os.kill(pid, sig)
 
 
+def _ready(fd: int, event: int, timeout_s: float) -> bool:
+    """Whether fd is ready for event (or hung up / in error: the read or write then says what) within timeout_s.
+    poll, not select: a sandbox server with hundreds of sandboxes holds descriptors past FD_SETSIZE (1024)."""
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
+
+
 def _int(raw: bytes | bytearray) -> int:
     text = bytes(raw).strip()
     return int(text) if text.lstrip(b"-").isdigit() else -1
@@ -457,8 +465,7 @@ class PersistentShell:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            _, writable, _ = select.select([], [fd], [], min(remaining, 0.5))
-            if not writable:
+            if not _ready(fd, select.POLLOUT, min(remaining, 0.5)):
                 if self._proc.poll() is not None:
                     return False
                 continue
@@ -510,8 +517,7 @@ class PersistentShell:
             if now >= deadline:
                 self._residual = window
                 return _Outcome("stuck", -1)
-            readable, _, _ = select.select([fd], [], [], min(deadline - now, 0.5))
-            if not readable:
+            if not _ready(fd, select.POLLIN, min(deadline - now, 0.5)):
                 if self._proc.poll() is not None:
                     return self._gone(out, window)
                 continue

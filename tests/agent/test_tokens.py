@@ -18,8 +18,8 @@ def sampled(chat, text):
 def test_qwen25_prompt_ids(chat):
     ledger = TokenLedger.start(chat, "sys", "hi")
     # <|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
-    assert ledger.token_ids[:3] == [IM_START, 8948, NL]
-    assert ledger.token_ids[-3:] == [IM_START, 77091, NL]
+    assert list(ledger.token_ids)[:3] == [IM_START, 8948, NL]
+    assert list(ledger.token_ids)[-3:] == [IM_START, 77091, NL]
     assert ledger.prompt_len == len(ledger.token_ids) and set(ledger.action_mask) == {0}
 
 
@@ -28,10 +28,10 @@ def test_canonical_episode_equals_full_render_and_keeps_the_newline_between_turn
     ledger.add_assistant(*sampled(chat, "Let me look.\n```\nls\n```"))
     end_of_turn = len(ledger.token_ids)
     ledger.add_observation("calc.py\n(Current directory: /testbed, current file: n/a) bash-$")
-    assert ledger.token_ids[end_of_turn - 1 : end_of_turn + 3] == [IM_END, NL, IM_START, 872]
+    assert list(ledger.token_ids)[end_of_turn - 1 : end_of_turn + 3] == [IM_END, NL, IM_START, 872]
     ledger.add_assistant(*sampled(chat, "```\nsubmit\n```"))
     full = chat.encode(chat.render(ledger.messages, add_generation_prompt=False))
-    assert full[:-1] == ledger.token_ids and full[-1] == NL  # the template's trailing glue only
+    assert full[:-1] == list(ledger.token_ids) and full[-1] == NL  # the template's trailing glue only
     report = check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
     assert not report.drifted and report.retokenized_turns == 0
     traj = Trajectory(
@@ -57,12 +57,12 @@ def test_tokens_that_reencode_differently_are_kept_not_drift(chat):
     content = ledger.add_assistant(char_ids + [chat.eos_id], [-1.0] * (len(char_ids) + 1))
     assert content == text
     s, e = ledger.turn_spans[0]
-    assert ledger.token_ids[s:e] == char_ids + [chat.eos_id]  # the engine's ids, not a re-encoding
+    assert list(ledger.token_ids)[s:e] == char_ids + [chat.eos_id]  # the engine's ids, not a re-encoding
     ledger.add_observation("ok")
     report = check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
     assert not report.drifted and report.retokenized_turns == 1
     # re-tokenising the whole history would have changed the trained tokens
-    assert chat.encode(chat.render(ledger.messages, True)) != ledger.token_ids
+    assert chat.encode(chat.render(ledger.messages, True)) != list(ledger.token_ids)
 
 
 def test_content_starting_with_newlines_merges_only_in_a_rerender(chat):
@@ -103,8 +103,8 @@ def test_drift_is_detected(chat):
     # observation appended without the newline between turns (rendering the user message alone)
     s0, e0 = ledger.turn_spans[0]
     s1, e1 = ledger.turn_spans[1]
-    naive = ledger.token_ids[e0:s1][1:]
-    ids = ledger.token_ids[:e0] + naive + ledger.token_ids[s1:]
+    naive = list(ledger.token_ids)[e0:s1][1:]
+    ids = list(ledger.token_ids)[:e0] + naive + list(ledger.token_ids)[s1:]
     spans = [[s0, e0], [s1 - 1, e1 - 1]]
     r = check_provenance(chat, ledger.messages, ids, spans)
     assert r.drifted and ("template" in r.detail or "decode" in r.detail)
@@ -124,12 +124,12 @@ def test_observation_ids_that_decode_right_but_are_not_the_templates_tokens_are_
     ledger.add_observation("pytest output")
     ledger.add_assistant(*sampled(chat, "```\nsubmit\n```"))
     (s0, e0), (s1, e1) = ledger.turn_spans
-    seg = ledger.token_ids[e0:s1]
+    seg = list(ledger.token_ids)[e0:s1]
     (word,) = chat.encode(" output")  # one token of the observation's text
     at = seg.index(word)
     spelled = [t for ch in chat.decode([seg[at]]) for t in chat.encode(ch)]
     seg = seg[:at] + spelled + seg[at + 1 :]
-    ids = ledger.token_ids[:e0] + seg + ledger.token_ids[s1:]
+    ids = list(ledger.token_ids)[:e0] + seg + list(ledger.token_ids)[s1:]
     shift = len(spelled) - 1
     assert shift > 0 and chat.decode(ids) == chat.decode(ledger.token_ids)
     r = check_provenance(chat, ledger.messages, ids, [[s0, e0], [s1 + shift, e1 + shift]])

@@ -19,7 +19,7 @@ def test_keeps_resolved_lowest_sample_indices_up_to_the_cap_in_input_order():
     ]
     kept, masks, rep = rft_select(trajs, max_per_task=2)
     assert [(t.task_id, t.sample_index) for t in kept] == [("a", 1), ("a", 3), ("b", 4)]
-    assert masks == [t.action_mask for t in kept]  # no malformed turns here
+    assert masks == [list(t.action_mask) for t in kept]  # no malformed turns here
     assert (rep.trajectories_in, rep.unresolved, rep.over_cap, rep.kept) == (6, 2, 1, 3)
     assert (rep.tasks_in, rep.tasks_kept) == (2, 2)
     assert rep.loss_tokens == 3 * 4

@@ -49,8 +49,8 @@ def test_loss_mask_masks_malformed_turns_only_when_asked():
     t = build_trajectory(turns=3, malformed=(1,))
     t.check()
     # prompt 3 tokens, then per turn [a, a, obs, obs]
-    assert t.action_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0]
-    assert t.loss_mask(mask_malformed=False) == t.action_mask
+    assert list(t.action_mask) == [0, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0]
+    assert t.loss_mask(mask_malformed=False) == list(t.action_mask)
     assert t.loss_mask(mask_malformed=True) == [0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0]
     drifted = build_trajectory(turns=2, drifted=True)
     assert drifted.loss_mask(mask_malformed=False) == [0] * len(drifted.token_ids)

@@ -91,12 +91,25 @@ def test_dead_server_leaves_rotation_once_and_reload_drops_a_stale_server(stubs,
 def test_probe_keeps_a_server_that_answers():
     rot = Rotation("vLLM server", ["x", "y"], probe=lambda i: None)
     assert rot.failed(0, "HTTP 400: prompt too long") is False and rot.live == [0, 1]
-    rot = Rotation("vLLM server", ["x", "y"], probe=lambda i: "connection refused")
-    assert rot.failed(1, "reset") is True and rot.live == [0]
+    probes = []
+    rot = Rotation("vLLM server", ["x", "y"], probe=lambda i: probes.append(i) or "connection refused")
+    rot.probe_interval_s = 0.01
+    assert rot.failed(1, "reset") is True and rot.live == [0] and probes == [1, 1, 1]
     check_servers(type("R", (), {"rotation": rot})())
     rot.drop(0, "gone")
-    with pytest.raises(ServersDown, match="x: gone; y: reset; health probe: connection refused"):
+    with pytest.raises(
+        ServersDown, match=r"x: gone; y: reset; health probe \(3 probes\): connection refused"
+    ):
         check_servers(type("R", (), {"rotation": rot})())
+
+
+def test_a_server_that_misses_one_probe_is_slow_not_dead():
+    """An overloaded server that misses a probe stays: dropping it would pile its load on the others (at 1024
+    episodes in flight that took all three sandbox servers out one after the other)."""
+    answers = iter(["timed out", "timed out", None])
+    rot = Rotation("sandbox server", ["x", "y"], probe=lambda i: next(answers))
+    rot.probe_interval_s = 0.01
+    assert rot.failed(0, "sandbox did not start") is False and rot.live == [0, 1]
 
 
 def test_rotation_waits_for_a_free_slot():

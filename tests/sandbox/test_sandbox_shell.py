@@ -45,6 +45,25 @@ def test_commands_are_passed_verbatim(sandbox):
     assert sandbox.exec("a\x00b").exit_code == 2
 
 
+def test_a_shell_whose_pipes_are_past_fd_1024_still_runs_commands(cfg, repo):
+    """A sandbox server with hundreds of sandboxes holds thousands of descriptors; select() refuses any past
+    FD_SETSIZE (1024), which broke every start at 1024 episodes in flight (tools/sim_scale.py)."""
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        sb = make_sandbox(SandboxSpec(repo_dir=str(repo)), cfg)
+        sb.start()
+        try:
+            res = sb.exec("echo past-1024; printf '%s' \"$PWD\"")
+            assert res.output == b"past-1024\n/testbed" and res.exit_code == 0
+        finally:
+            sb.stop()
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_commands_cannot_read_the_protocol_stream(sandbox):
     res = sandbox.exec("cat; read -r line; echo read=$?")
     assert res.output == b"read=1\n"

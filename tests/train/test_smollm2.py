@@ -148,7 +148,7 @@ def test_token_provenance_with_smollm2_chat_template(chat):
     report = check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans)
     assert not report.drifted, report.detail
     full = chat.encode(chat.render(ledger.messages, add_generation_prompt=False))
-    assert ledger.token_ids == full[: len(ledger.token_ids)]
+    assert list(ledger.token_ids) == full[: len(ledger.token_ids)]
 
 
 @pytest.mark.e2e
