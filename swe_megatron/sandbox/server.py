@@ -34,6 +34,7 @@ import dataclasses
 import hmac
 import logging
 import math
+import os
 import secrets
 import signal
 import time
@@ -121,7 +122,7 @@ def spec_from_json(data: dict) -> SandboxSpec:
 class SandboxServer:
     """Owns this node's sandboxes; `app()` is the aiohttp application, `serve()` runs it until a signal."""
 
-    def __init__(self, cfg, token: str, *, factory=make_sandbox):
+    def __init__(self, cfg, token: str, *, factory=make_sandbox, max_starting: int | None = None):
         if len(token) < 16:
             raise ValueError("the sandbox server token must be at least 16 characters")
         self.cfg = cfg
@@ -136,6 +137,11 @@ class SandboxServer:
             max_workers=max(8, 2 * cfg.max_concurrent + 4), thread_name_prefix="sandbox"
         )
         self._reaper: asyncio.Task | None = None
+        self.max_starting = max_starting or max(2, os.cpu_count() or 2)
+        """Sandboxes started at once (default: one per CPU); more wait their turn. A start is a repository copy,
+        a bwrap and a shell, mostly CPU: a thousand at once (every episode of a phase starting together) left
+        this server unable to answer its health probe for 30 s, and it was dropped (tools/sim_scale.py)."""
+        self._start_slots = asyncio.Semaphore(self.max_starting)
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -235,7 +241,8 @@ class SandboxServer:
         self._starting += 1
         try:
             sandbox = self._factory(spec, self.cfg)
-            await self._run(sandbox.start)
+            async with self._start_slots:
+                await self._run(sandbox.start)
         except SandboxError as e:
             return _error(500, f"sandbox did not start: {e}")
         except Exception as e:  # a config error (local refused) or a bug: say it, keep serving
