@@ -150,7 +150,8 @@ class RolloutStats:
     prewarm: dict[str, int] = field(default_factory=dict)
     """Sandbox pool counts: prefetched, hits (episodes and gradings served by a prefetched sandbox),
     skipped (prefetches not made for want of a spare sandbox server slot), failed_starts (prefetches that
-    did not start), stop_errors."""
+    did not start), unstarted (prefetches not begun when needed, cancelled: a fresh one was started),
+    stop_errors."""
 
     def add(self, traj: Trajectory, retries: int) -> None:
         """Count one finished trajectory."""
@@ -296,10 +297,9 @@ class RolloutSandboxes:
             sandbox.stop()  # idempotent: the grader stops it unless it did not need it (an empty patch)
 
     def drop_grading(self, task: Task) -> None:
-        """The episode will not be graded: stop the grading sandbox prefetched for it."""
-        sandbox = self.grading.take(task.instance_id)
-        if sandbox is not None:
-            sandbox.stop()
+        """The episode will not be graded: the grading sandbox prefetched for it is cancelled or stopped (in
+        the background)."""
+        self.grading.discard(task.instance_id)
 
     @property
     def closed(self) -> bool:
@@ -316,7 +316,7 @@ class RolloutSandboxes:
         pools = (self.episodes, self.grading)
         return {
             key: sum(getattr(p, key) for p in pools)
-            for key in ("prefetched", "hits", "skipped", "failed_starts", "stop_errors")
+            for key in ("prefetched", "hits", "skipped", "failed_starts", "unstarted", "stop_errors")
         }
 
     def close(self) -> None:

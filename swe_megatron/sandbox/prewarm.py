@@ -164,6 +164,8 @@ class Prewarmer:
         """Prefetches not made for want of a sandbox server slot to spare (the caller made one when needed)."""
         self.failed_starts = 0
         """Prefetches whose start failed (the caller started a fresh sandbox instead)."""
+        self.unstarted = 0
+        """Prefetches still queued (not begun) when taken, cancelled: the caller started a fresh sandbox."""
         self.stop_errors = 0
         """Stops that raised (logged; the sandbox's outcome stands)."""
 
@@ -205,9 +207,8 @@ class Prewarmer:
             raise
         return sandbox
 
-    def take(self, key: str) -> Leased | None:
-        """The oldest sandbox prefetched for key, started (waits while it starts); None if there is none,
-        it was skipped, or its start failed."""
+    def _pop(self, key: str) -> Future | None:
+        """The oldest prefetch for key, no longer waiting to be taken (None if there is none)."""
         with self._lock:
             queue = self._waiting.get(key)
             if self._closed or not queue:
@@ -216,6 +217,20 @@ class Prewarmer:
             if not queue:
                 del self._waiting[key]
             self._n_waiting -= 1
+            return fut
+
+    def take(self, key: str) -> Leased | None:
+        """The oldest sandbox prefetched for key, started (waits while it starts); None if there is none,
+        it was skipped, its start failed, or it has not begun: one still queued behind other prefetches is
+        cancelled, so the caller starts its own now instead of waiting for those (with a thousand episodes
+        in flight the queue of the 4 starter threads was minutes long: tools/sim_scale.py)."""
+        fut = self._pop(key)
+        if fut is None:
+            return None
+        if fut.cancel():
+            with self._lock:
+                self.unstarted += 1
+            return None
         try:
             sandbox = fut.result()
         except NoFreeSlot as e:
@@ -234,6 +249,23 @@ class Prewarmer:
         with self._lock:
             self.hits += 1
         return self._register(sandbox, started=True)
+
+    def discard(self, key: str) -> None:
+        """The oldest prefetch for key is not needed: cancelled if it has not begun, else stopped by the reaper
+        once its start ends. Returns at once (the episode that will not be graded does not wait for the start
+        of the sandbox it would have been graded in)."""
+        fut = self._pop(key)
+        if fut is None or fut.cancel():
+            return
+        with self._lock:
+            self._stops.append(self._reaper.submit(self._stop_started, fut))
+
+    def _stop_started(self, fut: Future) -> None:
+        try:
+            sandbox = fut.result()
+        except Exception:  # noqa: BLE001 - it did not start (or was skipped): nothing to stop
+            return
+        self._stop_now(sandbox)
 
     def lease(self, sandbox: Sandbox, after_start: Callable[[], None] | None = None) -> Leased:
         """Hand out a sandbox the caller made (not started): tracked, and stopped in the background;

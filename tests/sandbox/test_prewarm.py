@@ -4,6 +4,7 @@ stops happen in the background; after close() (errors included) no process or wo
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -120,3 +121,57 @@ def _is_our_sleep(pid: int) -> bool:
             return f.read() == b"sleep\x003171\x00"
     except OSError:
         return False
+
+
+def test_a_prefetch_still_queued_when_needed_is_cancelled_not_waited_for(cfg, repo):
+    """With a thousand episodes in flight the starter threads' queue was minutes long and episodes waited in
+    it for their grading sandbox: one not begun is cancelled and the caller starts its own at once."""
+    rec, gate = Recorder(cfg, repo), threading.Event()
+
+    def held():
+        gate.wait(30)
+        return rec()
+
+    with Prewarmer(8) as pool:  # 4 starter threads
+        for k in range(4):
+            assert pool.prefetch(f"busy{k}", held)
+        assert pool.prefetch("queued", rec) and pool.prefetch("dropped", rec)
+        t = time.monotonic()
+        assert pool.take("queued") is None
+        pool.discard("dropped")
+        assert time.monotonic() - t < 1 and pool.unstarted == 1 and rec.made == []
+        gate.set()
+    assert len(rec.made) == 4  # the four begun ones only (close() stopped them)
+
+
+class Traced:
+    """A real sandbox that remembers its workspace and shell once started, and whether it was stopped."""
+
+    def __init__(self, sandbox):
+        self.sandbox, self.trace, self.stopped = sandbox, None, False
+
+    def start(self):
+        self.sandbox.start()
+        self.trace = (self.sandbox.workspace.folder, self.sandbox._shell._shell_pid)
+
+    def stop(self):
+        self.sandbox.stop()
+        self.stopped = True
+
+
+def test_discarding_a_prefetch_that_is_starting_returns_at_once_and_stops_it_after(cfg, repo):
+    rec, gate, begun, made = Recorder(cfg, repo), threading.Event(), threading.Event(), []
+
+    def held():
+        begun.set()
+        gate.wait(30)
+        made.append(Traced(rec()))
+        return made[-1]
+
+    with Prewarmer(2) as pool:
+        assert pool.prefetch("a", held) and begun.wait(10)
+        t = time.monotonic()
+        pool.discard("a")  # the episode will not be graded: it does not wait for this start
+        assert time.monotonic() - t < 0.5 and pool.take("a") is None
+        gate.set()
+    assert len(made) == 1 and made[0].trace is not None and made[0].stopped and _gone([made[0].trace])
