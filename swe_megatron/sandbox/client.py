@@ -66,6 +66,11 @@ class SandboxClient:
         """This client's session id; the server stops the session's sandboxes when it goes away."""
         self._headers = {"Authorization": f"Bearer {token}", SESSION_HEADER: self.session}
         self._pool = ConnectionPool(self.host, self.port, timeout_s)
+        self.start_slots: threading.Semaphore | None = None
+        """Sandbox starts this client has in flight at most: the server's max_starting, once health() has seen
+        it (None: no limit). The server starts that many at a time and queues the rest; waiting here instead,
+        a start's request timeout covers its own start, not the queue (at 1024 episodes in flight on 3 servers
+        of this 2-core machine, 634 starts timed out in that queue: tools/sim_scale.py)."""
         self._closed = threading.Event()
         self._attach_conn: http.client.HTTPConnection | None = None
         self._attach_thread: threading.Thread | None = None
@@ -133,8 +138,13 @@ class SandboxClient:
     # -- API -------------------------------------------------------------------------------------------------
 
     def health(self, timeout: float | None = None) -> dict:
-        """The server's status: running sandboxes, capacity, backend (timeout: seconds, default timeout_s)."""
-        return self.request("GET", "/v1/health", timeout=timeout)
+        """The server's status: running sandboxes, capacity, starts at once, backend (timeout: seconds, default
+        timeout_s); sets start_slots the first time."""
+        data = self.request("GET", "/v1/health", timeout=timeout)
+        n = data.get("max_starting")
+        if self.start_slots is None and isinstance(n, int) and n > 0:
+            self.start_slots = threading.Semaphore(n)
+        return data
 
     def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
         """A sandbox on this server (not started yet)."""
@@ -183,9 +193,10 @@ class RemoteSandbox:
     def start(self) -> None:
         """Ask the server for the sandbox; SandboxError if it is full (429) or the start fails."""
         if self.id is None:
-            self.id = self.client.request("POST", "/v1/sandboxes", {"spec": dataclasses.asdict(self.spec)})[
-                "id"
-            ]
+            slots = self.client.start_slots
+            with slots if slots is not None else contextlib.nullcontext():
+                answer = self.client.request("POST", "/v1/sandboxes", {"spec": dataclasses.asdict(self.spec)})
+            self.id = answer["id"]
 
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
         """Run a command in the sandbox's persistent shell."""

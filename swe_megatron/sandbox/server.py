@@ -5,7 +5,7 @@
 Every request carries `Authorization: Bearer <per-job token>` (compared in constant time; else 401).
 JSON API under /v1 (client.py is the Python side):
 
-    GET    /v1/health                      -> {"running", "max_concurrent", "backend"}
+    GET    /v1/health                      -> {"running", "max_concurrent", "max_starting", "backend"}
     POST   /v1/sandboxes {"spec": {...}}   -> {"id"}; 429 when max_concurrent sandboxes are running
     POST   /v1/sandboxes/ID/exec {"command", "timeout_s"} -> {"output_b64", "exit_code", "timed_out", ...}
     POST   /v1/sandboxes/ID/read {"path", "max_bytes"?}  -> {"data_b64"} (max_bytes: only the file's tail)
@@ -221,7 +221,12 @@ class SandboxServer:
     async def _health(self, request: web.Request) -> web.Response:
         backend = getattr(self.cfg.backend, "value", self.cfg.backend)
         return web.json_response(
-            {"running": len(self._sandboxes), "max_concurrent": self.cfg.max_concurrent, "backend": backend}
+            {
+                "running": len(self._sandboxes),
+                "max_concurrent": self.cfg.max_concurrent,
+                "max_starting": self.max_starting,
+                "backend": backend,
+            }
         )
 
     async def _start(self, request: web.Request) -> web.Response:

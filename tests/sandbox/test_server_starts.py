@@ -58,3 +58,62 @@ def test_a_start_storm_runs_max_starting_at_a_time_and_health_still_answers():
     assert statuses == [200] * 8
     assert SlowStart.most == 2  # 8 starts, 2 at a time: ~0.8 s in all
     assert health_s < 0.15  # answered while six starts still wait their turn
+
+
+def _serve_in_thread(server: SandboxServer):
+    """Run server's app on a loop of its own in a daemon thread; its URL and a stop function."""
+    import asyncio as aio
+
+    from aiohttp import web
+
+    loop, ready = aio.new_event_loop(), threading.Event()
+    box = {}
+
+    async def up():
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["runner"], box["port"] = runner, runner.addresses[0][1]
+        ready.set()
+
+    threading.Thread(target=lambda: (loop.run_until_complete(up()), loop.run_forever()), daemon=True).start()
+    assert ready.wait(10)
+
+    def stop():
+        aio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+
+    return f"http://127.0.0.1:{box['port']}", stop
+
+
+def test_the_client_paces_its_starts_so_a_queued_start_does_not_time_out():
+    """Eight starts at once on a server that starts one at a time (0.2 s each) with a 0.5 s request timeout:
+    queued at the server, the later ones would time out (1.6 s); paced by the client, each request waits only
+    for its own start."""
+    from swe_megatron.sandbox.base import SandboxSpec
+    from swe_megatron.sandbox.client import SandboxClient
+
+    SlowStart.running = SlowStart.most = 0
+    server = SandboxServer(SandboxConfig(max_concurrent=64), TOKEN, factory=SlowStart, max_starting=1)
+    url, stop = _serve_in_thread(server)
+    client = SandboxClient(url, TOKEN, timeout_s=0.5, attach=False)
+    try:
+        assert client.health(5)["max_starting"] == 1 and client.start_slots is not None
+        errors = []
+
+        def start():
+            try:
+                client.sandbox(SandboxSpec(repo_dir="/r")).start()
+            except Exception as e:  # noqa: BLE001 - collected for the assertion
+                errors.append(e)
+
+        threads = [threading.Thread(target=start) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [] and SlowStart.most == 1
+    finally:
+        client.close()
+        stop()
