@@ -28,11 +28,13 @@ Concurrency model (all in the caller's process; rank 0 in training):
   the sandbox slots (config/validate.py) and, on the engines, by nothing here (each server queues).
 - The caller's thread (_collect) records finished trajectories (JSONL, counts, progress) and enforces the
   rollout deadline; it never runs an episode.
-- Per sandbox pool (sandbox/prewarm.py): up to 4 "-warm" threads start sandboxes ahead of need, 2 "-reap"
-  threads stop finished ones; per episode with a deadline, one threading.Timer that stops its sandbox.
-- Connections: to each engine server a pool of kept HTTP/1.1 connections (engine/vllm.py `Connections`, at
-  most one per request in flight); to each sandbox server one connection per episode thread (thread-local,
-  sandbox/client.py) plus one session-holding thread per server.
+- Per sandbox pool (sandbox/prewarm.py): up to 4 "-warm" threads start sandboxes ahead of need (one not begun
+  when its episode needs it is cancelled, never waited for), 2 "-reap" threads stop finished ones; per
+  episode with a deadline, one threading.Timer that stops its sandbox.
+- Connections: to each engine server and each sandbox server a pool of kept HTTP/1.1 connections
+  (net.ConnectionPool, at most one per request in flight), plus one session-holding thread per sandbox server.
+  Sandbox starts are paced per server by its max_starting (sandbox/client.py `start_slots`): at a phase's
+  start every episode asks at once, and the starts wait here, not in the server's queue.
 - Shared state behind locks: routing (rollout/routing.py Rotation, a Condition), the prompt-JSON cache
   (PromptJson), the tokenizer's small LRU caches. Everything else an episode touches is its own.
 tools/sim_scale.py measures what this costs per turn and per episode in flight (docs/benchmarks.md, "Scale").

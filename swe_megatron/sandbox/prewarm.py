@@ -2,7 +2,8 @@
 
     pool = Prewarmer(capacity=2, reserve=4)
     pool.prefetch("task-1", lambda: make_sandbox(spec, cfg))   # starts in the background
-    sb = pool.take("task-1") or pool.lease(make_sandbox(spec, cfg))   # started (waits if still starting)
+    sb = pool.take("task-1") or pool.lease(make_sandbox(spec, cfg))   # started (waits if still starting;
+                                                                # one not begun yet is cancelled: None)
     ... sb.exec(...) ...
     sb.stop()                                                   # returns at once; a reaper thread stops it
     pool.close()                                                # stops everything; nothing of it runs after
