@@ -69,6 +69,10 @@ def wait_healthy(
         time.sleep(interval_s)
 
 
+CONNECTION_LOST = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+"""What a request on a connection the server has closed raises."""
+
+
 class ConnectionPool:
     """Kept-alive HTTP/1.1 connections to one server, shared by the threads that call it: take() an idle one (or
     a new one), give() it back once its answer is read. So a client holds at most one connection per request in
@@ -100,6 +104,32 @@ class ConnectionPool:
         else:
             conn.reused = True
             self._idle.put(conn)
+
+    def exchange(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, bytes]:
+        """One request and its whole answer: (HTTP status, body). A kept connection that the server closed while
+        it was idle is retried once on a new one (nothing was answered on it); any other failure is raised as
+        it came (OSError or http.client.HTTPException), its connection closed."""
+        for attempt in (0, 1):
+            conn = self.take(fresh=attempt > 0, timeout_s=timeout_s)
+            try:
+                conn.request(method, path, body=body, headers=headers or {})
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if isinstance(e, CONNECTION_LOST) and conn.reused and attempt == 0:
+                    continue
+                raise
+            self.give(conn, resp)
+            return resp.status, raw
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Close the idle connections."""

@@ -105,25 +105,13 @@ class Connections:
     def post(self, path: str, data: bytes) -> dict | None:
         """POST JSON bytes, parse the answer; any failure is an EngineError naming the url. A kept connection
         the server closed meanwhile is retried once on a new one (nothing was answered on it)."""
-        for attempt in (0, 1):
-            conn = self.pool.take(fresh=attempt > 0)
-            try:
-                conn.request("POST", path, data, {"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                raw = resp.read()
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                stale = isinstance(e, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError)
-                if stale and conn.reused and attempt == 0:
-                    continue  # a kept connection the server had closed: once more on a new one
-                raise EngineError(f"{self.url}{path}: {e}; is the vLLM server running?") from e
-            self.pool.give(conn, resp)
-            if resp.status != 200:
-                raise EngineError(
-                    f"{self.url}{path}: HTTP {resp.status}: {raw[:500].decode('utf-8', 'replace')}"
-                )
-            return json.loads(raw) if raw.strip() else None
-        raise AssertionError("unreachable")
+        try:
+            status, raw = self.pool.exchange("POST", path, data, {"Content-Type": "application/json"})
+        except (OSError, http.client.HTTPException) as e:
+            raise EngineError(f"{self.url}{path}: {e}; is the vLLM server running?") from e
+        if status != 200:
+            raise EngineError(f"{self.url}{path}: HTTP {status}: {raw[:500].decode('utf-8', 'replace')}")
+        return json.loads(raw) if raw.strip() else None
 
     def close(self) -> None:
         """Close the idle connections."""

@@ -25,7 +25,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from swe_megatron.net import ConnectionPool
+from swe_megatron.net import CONNECTION_LOST, ConnectionPool
 from swe_megatron.sandbox.base import ExecResult, SandboxError, SandboxSpec
 
 SESSION_HEADER = "X-Sandbox-Session"
@@ -89,34 +89,22 @@ class SandboxClient:
         payload = json.dumps(body).encode() if body is not None else None
         headers = dict(self._headers, **({"Content-Type": "application/json"} if payload is not None else {}))
         timeout = self.timeout_s if timeout is None else timeout
-        for attempt in range(2):
-            conn = self._pool.take(fresh=attempt > 0, timeout_s=timeout)
-            try:
-                conn.request(method, path, body=payload, headers=headers)
-                resp = conn.getresponse()
-                raw = resp.read()
-                self._pool.give(conn, resp)
-                break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
-                conn.close()
-                if (
-                    conn.reused and attempt == 0
-                ):  # the server closed an idle keep-alive connection: resend once
-                    continue
-                raise SandboxError(f"sandbox server {self.url}: connection lost ({e})") from None
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                raise SandboxError(f"sandbox server {self.url} unreachable or not answering: {e}") from None
+        try:
+            status, raw = self._pool.exchange(method, path, payload, headers, timeout)
+        except CONNECTION_LOST as e:
+            raise SandboxError(f"sandbox server {self.url}: connection lost ({e})") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise SandboxError(f"sandbox server {self.url} unreachable or not answering: {e}") from None
         try:
             data = json.loads(raw) if raw else {}
         except ValueError:
             data = {"error": raw[:500].decode(errors="replace")}
-        if 200 <= resp.status < 300:
+        if 200 <= status < 300:
             return data
-        message, kind = data.get("error", f"HTTP {resp.status}"), data.get("type", "")
+        message, kind = data.get("error", f"HTTP {status}"), data.get("type", "")
         if kind in FILE_ERRORS:
             raise FILE_ERRORS[kind](message)
-        raise SandboxError(f"sandbox server {self.url}: {message} (HTTP {resp.status})")
+        raise SandboxError(f"sandbox server {self.url}: {message} (HTTP {status})")
 
     def _hold_session(self) -> None:
         """Keep the attach stream open until close(); reconnect if it breaks while we live."""
