@@ -163,3 +163,48 @@ def test_the_provenance_pool_reports_what_the_thread_would_and_outlives_a_killed
         assert [pool(*c) for c in cases] == want and pool._broken
     finally:
         pool.close()
+
+
+def test_an_observation_renders_a_short_chat_and_the_tokens_still_equal_the_whole_render(chat, monkeypatch):
+    """A turn's template work does not grow with the episode: the observation's tokens come from rendering the
+    first two messages, the last assistant turn and the observation (twice the whole chat each turn cost ~8 ms a
+    turn at 56k tokens, on the controller's GIL); over 30 turns they still equal the whole chat's tokens."""
+    ledger = TokenLedger.start(chat, "You fix bugs.", "Issue: add() is wrong")
+    rendered: list[int] = []
+    render = chat.render
+    monkeypatch.setattr(
+        chat,
+        "render",
+        lambda msgs, add_generation_prompt: rendered.append(len(msgs)) or render(msgs, add_generation_prompt),
+    )
+    for turn in range(30):
+        ledger.add_assistant(*sampled(chat, f"step {turn}\n```\ncat f{turn}.py\n```"))
+        ledger.add_observation(f"line {turn}\n" * (turn + 1) + "(Current directory: /testbed) bash-$")
+    assert max(rendered) <= 4, rendered
+    full = chat.encode(chat.render(ledger.messages, add_generation_prompt=True))
+    assert full == list(ledger.token_ids)
+    assert not check_provenance(chat, ledger.messages, ledger.token_ids, ledger.turn_spans).drifted
+
+
+def test_a_template_that_rerenders_earlier_turns_is_caught_at_the_end(chat):
+    """A template whose rendering of a turn depends on what follows (here: assistant turns before the last one
+    lose their text, as Qwen3's does with reasoning) passes the short per-turn render; the whole-chat check at
+    the end of the episode reports the drift."""
+    import copy
+
+    from swe_megatron.agent.tokens import ChatFormat
+
+    tok = copy.copy(chat.tokenizer)
+    tok.chat_template = chat.tokenizer.chat_template.replace(
+        "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}",
+        "{{- '<|im_start|>' + message.role + '\\n' + (message.content if message.role != 'assistant' or "
+        "loop.index0 >= messages|length - 2 else '') + '<|im_end|>' + '\\n' }}",
+    )
+    assert tok.chat_template != chat.tokenizer.chat_template
+    odd = ChatFormat(tok)
+    ledger = TokenLedger.start(odd, "s", "u")
+    for turn in range(3):
+        ledger.add_assistant(*sampled(odd, f"```\nls {turn}\n```"))
+        ledger.add_observation("out")
+    report = check_provenance(odd, ledger.messages, ledger.token_ids, ledger.turn_spans)
+    assert report.drifted, report
