@@ -1,9 +1,11 @@
-"""Memory of one episode in flight at the rollout controller, per token, as its context grows to 131k tokens.
+"""Memory of one episode in flight at the rollout controller, per token, as its context grows to 131k tokens;
+with --cpu, the controller's CPU per turn for that episode by context band instead.
 
 Figures in docs/benchmarks.md ("Scale"). Usage, from the repo root (any checkout: run it in an older worktree
 for the before figure):
 
     OMP_NUM_THREADS=1 .venv/bin/python tools/bench_episode_memory.py --context 131072 --episodes 4
+    OMP_NUM_THREADS=1 .venv/bin/python tools/bench_episode_memory.py --context 131072 --episodes 4 --cpu
 
 What is measured is what the controller keeps of an episode while it runs: the TokenLedger (messages, token
 ids, action mask, logprobs, turn spans) and the engine client's per-session prompt JSON (engine/vllm.py
@@ -12,14 +14,23 @@ turn 300 sampled ids (with logprobs, as the engine returns them) and an observat
 ~3,000 tokens, until the context is reached. tracemalloc counts the bytes still allocated once the tokenizer's
 shared caches (bounded, not per episode) are cleared. The figure for 1024 episodes in flight is that times
 1024 (all at the full context: the worst case).
+
+--cpu: the same episodes, each step timed by this thread's CPU clock (time.thread_time): the prompt JSON the
+engine client sends, appending the sampled turn (decode), and the observation (the chat template's render and
+the tokenisation); medians per turn over the turns whose context starts in each band. The Rust tokenizer's
+encode_batch runs without the GIL; its time is the "no_gil" column, taken out of "observation", so that
+"GIL held" is what one turn costs every other episode thread of the controller.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import random
+import statistics
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -45,20 +56,86 @@ LINE_WORDS = [
 ]
 
 
-def episode(chat, engine_prompts, rng: random.Random, context: int, session: str):
-    """A ledger grown to `context` tokens (and the session's prompt JSON), as Episode builds it."""
+BANDS = ((0, 16384), (16384, 65536), (65536, 1 << 30))
+"""Context bands (tokens at a turn's start) of the --cpu medians."""
+
+
+def episode(chat, engine_prompts, rng: random.Random, context: int, session: str, cpu: dict | None = None):
+    """A ledger grown to `context` tokens (and the session's prompt JSON), as Episode builds it; with `cpu`, each
+    step's CPU seconds appended to cpu[(step, band)]."""
     from swe_megatron.agent.tokens import TokenLedger
 
     ledger = TokenLedger.start(chat, "You are a software engineer. " * 10, "Fix the issue below.\n" * 40)
-    while len(ledger.token_ids) < context:
-        engine_prompts.text(session, ledger.token_ids)  # what the engine client keeps of the prompt
+
+    no_gil = getattr(chat.tokenizer.backend_tokenizer, "_spent", [0.0])
+
+    @contextlib.contextmanager
+    def timed(step: str):
+        t0, r0 = time.thread_time(), no_gil[0]
+        yield
+        if cpu is not None:
+            band = next(b for b in BANDS if b[0] <= start < b[1])
+            released = no_gil[0] - r0
+            cpu.setdefault((step, band), []).append(time.thread_time() - t0 - released)
+            if step == "observation":
+                cpu.setdefault(("no_gil", band), []).append(released)
+
+    while (start := len(ledger.token_ids)) < context:
+        with timed("prompt_json"):
+            engine_prompts.text(session, ledger.token_ids)  # what the engine client keeps of the prompt
         ids = [rng.randrange(1000, 150000) for _ in range(300)] + [chat.eos_id]
-        ledger.add_assistant(ids, [-rng.random() for _ in ids])
+        logprobs = [-rng.random() for _ in ids]
+        with timed("assistant"):
+            ledger.add_assistant(ids, logprobs)
         lines = (
             f"{n:5d}    " + " ".join(rng.choices(LINE_WORDS, k=8)) for n in range(rng.randrange(200, 400))
         )
-        ledger.add_observation("\n".join(lines))
+        text = "\n".join(lines)
+        with timed("observation"):
+            ledger.add_observation(text)
     return ledger
+
+
+STEPS = ("prompt_json", "assistant", "observation", "no_gil")
+
+
+class TimedBackend:
+    """The Rust tokenizer with its batch encodes timed (they release the GIL): seconds into `spent`."""
+
+    def __init__(self, backend, spent: list[float]):
+        self._backend, self._spent = backend, spent
+
+    def __getattr__(self, name):
+        attr = getattr(self._backend, name)
+        if name not in ("encode_batch", "encode_batch_fast"):
+            return attr
+
+        def timed(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._spent[0] += time.thread_time() - t0
+
+        return timed
+
+
+def cpu_report(cpu: dict) -> None:
+    """Median ms per turn of each step, and of the turn's GIL-held and whole CPU, per context band."""
+    head = "  ".join(f"{s:>12}" for s in STEPS)
+    print(f"context band     turns  {head}    GIL held         all  (ms/turn)")
+    for lo, hi in BANDS:
+        rows = [cpu.get((s, (lo, hi)), []) for s in STEPS]
+        if not rows[0]:
+            continue
+        held = [sum(r[i] for r in rows[:3]) for i in range(len(rows[0]))]
+        whole = [h + r for h, r in zip(held, rows[3])]
+        cells = "  ".join(f"{1e3 * statistics.median(r):12.2f}" for r in rows)
+        label = f"{lo // 1024}k-{hi // 1024}k" if hi < 1 << 30 else f"{lo // 1024}k+"
+        print(
+            f"{label:<15} {len(rows[0]):6d}  {cells}  {1e3 * statistics.median(held):10.2f}  "
+            f"{1e3 * statistics.median(whole):10.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,13 +144,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--episodes", type=int, default=4, help="episodes held at once (the figure is per episode)"
     )
+    p.add_argument("--cpu", action="store_true", help="CPU per turn by context band instead of memory")
     args = p.parse_args(argv)
 
     from swe_megatron.agent.tokens import ChatFormat
     from swe_megatron.engine.vllm import PromptJson
     from swe_megatron.model.tokenizer import load_tokenizer
 
-    chat, prompts, rng = ChatFormat(load_tokenizer("qwen2.5")), PromptJson(), random.Random(0)
+    tokenizer, prompts, rng = load_tokenizer("qwen2.5"), PromptJson(), random.Random(0)
+    if args.cpu:
+        tokenizer._tokenizer = TimedBackend(tokenizer._tokenizer, [0.0])
+    chat = ChatFormat(tokenizer)
+    if args.cpu:
+        cpu: dict = {}
+        for k in range(args.episodes):
+            episode(chat, prompts, rng, args.context, f"ep{k}", cpu)
+            prompts.end(f"ep{k}")
+        cpu_report(cpu)
+        return
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]

@@ -3,8 +3,8 @@
 `TokenLedger` builds an episode's token sequence incrementally. The initial prompt is the chat template's
 rendering of (system, problem statement) with the generation prompt. Assistant tokens are the engine's
 sampled ids, kept as they are with their logprobs (action mask 1). Each observation is appended by rendering
-"conversation so far + new observation" and tokenising only the text after the rendered conversation so
-far (the fixed prefix): earlier tokens are never re-tokenised. An assistant turn cut by the token limit gets
+the chat's head, its last assistant turn and the new observation, and tokenising only the text after that
+assistant turn (TokenLedger.observation_ids): earlier tokens are never re-tokenised. An assistant turn cut by the token limit gets
 the end-of-turn token appended as template glue (mask 0), as the template would render it.
 
 `check_provenance` re-renders the whole chat from the stored messages and walks it against the stored
@@ -48,8 +48,15 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.eos = tokenizer.eos_token
         self.eos_id = tokenizer.convert_tokens_to_ids(self.eos)
-        norm = tokenizer.backend_tokenizer.normalizer if hasattr(tokenizer, "backend_tokenizer") else None
-        self._nfc = norm is not None and "NFC" in repr(norm)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._nfc = backend is not None and "NFC" in repr(backend.normalizer)
+        self._encode_batch = getattr(backend, "encode_batch_fast", None) or getattr(
+            backend, "encode_batch", None
+        )
+        """The Rust tokenizer's batch encode, which runs without the GIL (an episode thread's tokenising does not
+        stop the others); called directly, without transformers' wrapper, whose Python per-token work (offsets,
+        masks, BatchEncoding) held the GIL for ~3 ms of a 4k-token observation. None: a tokenizer without a
+        Rust backend (tokenizer.encode)."""
         # tokenisation is a pure function of the text: caching changes no result, only repeated work
         self._encode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._encode_tuple)
         self._decode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._decode_tuple)
@@ -63,7 +70,7 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         """Token ids of text; special-token strings become their ids, nothing is added around them."""
         if len(text) > CACHE_MAX_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return list(self._encode_tuple(text))
         return list(self._encode_cached(text))
 
     def decode(self, ids: list[int]) -> str:
@@ -73,6 +80,8 @@ class ChatFormat:
         return self._decode_cached(tuple(ids))
 
     def _encode_tuple(self, text: str) -> tuple[int, ...]:
+        if self._encode_batch is not None:
+            return tuple(self._encode_batch([text], add_special_tokens=False)[0].ids)
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _decode_tuple(self, ids) -> str:

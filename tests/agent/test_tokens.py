@@ -208,3 +208,20 @@ def test_a_template_that_rerenders_earlier_turns_is_caught_at_the_end(chat):
         ledger.add_observation("out")
     report = check_provenance(odd, ledger.messages, ledger.token_ids, ledger.turn_spans)
     assert report.drifted, report
+
+
+def test_encode_is_the_tokenizers_own_encoding_without_its_wrapper(chat):
+    """ChatFormat.encode calls the Rust tokenizer directly (no GIL held while it runs, none of transformers'
+    per-token Python): the same ids as tokenizer.encode(text, add_special_tokens=False), special-token strings
+    and all, cached or not."""
+    texts = [
+        "plain text",
+        "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
+        "naïve café \u0301e 日本語 🙂\r\n\ttabs",
+        "x = 1\n" * 9000,  # past CACHE_MAX_CHARS: not cached
+        "",
+    ]
+    assert chat._encode_batch is not None
+    for text in texts:
+        want = chat.tokenizer.encode(text, add_special_tokens=False)
+        assert chat.encode(text) == want and chat.encode(text) == want, text[:40]
