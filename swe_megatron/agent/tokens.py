@@ -50,13 +50,12 @@ class ChatFormat:
         self.eos_id = tokenizer.convert_tokens_to_ids(self.eos)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._nfc = backend is not None and "NFC" in repr(backend.normalizer)
-        self._encode_batch = getattr(backend, "encode_batch_fast", None) or getattr(
-            backend, "encode_batch", None
-        )
-        """The Rust tokenizer's batch encode, which runs without the GIL (an episode thread's tokenising does not
-        stop the others); called directly, without transformers' wrapper, whose Python per-token work (offsets,
-        masks, BatchEncoding) held the GIL for ~3 ms of a 4k-token observation. None: a tokenizer without a
-        Rust backend (tokenizer.encode)."""
+        batch = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
+        self._encode_batch, self._decode_batch = batch, getattr(backend, "decode_batch", None)
+        """The Rust tokenizer's batch encode and decode, which run without the GIL (an episode thread's tokenising
+        does not stop the others; its single-text encode and decode hold it), called directly, without
+        transformers' wrapper, whose Python per-token work (offsets, masks, BatchEncoding) held the GIL for ~3 ms
+        of a 4k-token observation. None: a tokenizer without a Rust backend (tokenizer.encode/decode)."""
         # tokenisation is a pure function of the text: caching changes no result, only repeated work
         self._encode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._encode_tuple)
         self._decode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._decode_tuple)
@@ -85,6 +84,8 @@ class ChatFormat:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _decode_tuple(self, ids) -> str:
+        if self._decode_batch is not None:
+            return self._decode_batch([list(ids)], skip_special_tokens=False)[0]
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def normalize(self, text: str) -> str:

@@ -210,10 +210,10 @@ def test_a_template_that_rerenders_earlier_turns_is_caught_at_the_end(chat):
     assert report.drifted, report
 
 
-def test_encode_is_the_tokenizers_own_encoding_without_its_wrapper(chat):
-    """ChatFormat.encode calls the Rust tokenizer directly (no GIL held while it runs, none of transformers'
+def test_encode_and_decode_are_the_tokenizers_own_without_its_wrapper(chat):
+    """ChatFormat.encode and decode call the Rust tokenizer directly (no GIL held while it runs, none of transformers'
     per-token Python): the same ids as tokenizer.encode(text, add_special_tokens=False), special-token strings
-    and all, cached or not."""
+    and all, cached or not; the same text as tokenizer.decode."""
     texts = [
         "plain text",
         "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
@@ -221,7 +221,10 @@ def test_encode_is_the_tokenizers_own_encoding_without_its_wrapper(chat):
         "x = 1\n" * 9000,  # past CACHE_MAX_CHARS: not cached
         "",
     ]
-    assert chat._encode_batch is not None
+    assert chat._encode_batch is not None and chat._decode_batch is not None
     for text in texts:
         want = chat.tokenizer.encode(text, add_special_tokens=False)
         assert chat.encode(text) == want and chat.encode(text) == want, text[:40]
+        ids = [*want, chat.eos_id, 151643, 0, 1]  # and decode: special tokens kept, spaces not cleaned up
+        decoded = chat.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert chat.decode(ids) == decoded and chat.decode(ids) == decoded, text[:40]
