@@ -241,6 +241,7 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         "faults": {
             "engines_out": len(inner.rotation.dead),
             "sandbox_servers_out": len(sandboxes.rotation.dead),
+            "retried_attempts_s": round(stats.seconds.get("retried", 0.0), 1),
         },
         "infra_failures": stats.infra_failures,
         "drifted": stats.drifted,

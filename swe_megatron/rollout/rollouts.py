@@ -358,17 +358,22 @@ def rollout_one(
 
 
 def _rollout_one(task, k, setup, sandboxes, rollout_deadline) -> tuple[Trajectory, int]:
-    traj = None
+    """See rollout_one. The returned trajectory's timings["retried"]: the wall seconds of the attempts before it
+    that failed and were retried (what faults cost this sample)."""
+    traj, retried = None, 0.0
     limit = setup.agent.episode_timeout_s
     for attempt in range(setup.agent.infra_retries + 1):
         if sandboxes.closed and traj is not None:  # the rollout ended (an error elsewhere): no retry
             return traj, attempt
         if _past(rollout_deadline):
             what = "not started" if traj is None else f"not retried after: {traj.infra_failure}"
-            return _cancelled(task, k, what), attempt
+            return _retried(_cancelled(task, k, what), retried), attempt
         session = SESSION_SEP.join([task.instance_id, str(k), str(attempt)])
         episode_deadline = time.monotonic() + limit if limit > 0 else None
+        started = time.perf_counter()
         traj = _attempt(task, k, setup, sandboxes, session, _deadline(episode_deadline, rollout_deadline))
+        _retried(traj, retried)
+        retried += time.perf_counter() - started
         if traj.infra_failure is None and not traj.exit_reason.is_infra:
             return traj, attempt
         detail = (traj.infra_failure or "").removeprefix(EPISODE_TIMEOUT).strip(" ()")
@@ -382,6 +387,12 @@ def _rollout_one(task, k, setup, sandboxes, rollout_deadline) -> tuple[Trajector
             )
             return traj, attempt  # a straggler is not run again: it would most likely straggle again
     return traj, setup.agent.infra_retries
+
+
+def _retried(traj: Trajectory, seconds: float) -> Trajectory:
+    if seconds:
+        traj.timings["retried"] = seconds
+    return traj
 
 
 def _past(deadline: float | None) -> bool:
