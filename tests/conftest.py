@@ -1,20 +1,19 @@
-"""Shared pytest setup: GPU tests are skipped where CUDA is absent; with several workers (pytest-xdist,
-`--dist loadgroup`, as tools/test.sh runs the suite) each test module is one unit of work, every Slurm test
-is in one unit (they share the test cluster's nodes), and the slow units start first."""
+"""Shared pytest setup: GPU tests are skipped where CUDA is absent; on several pytest-xdist workers (as
+tools/test.sh runs the suite, `--dist loadfile`: a test file is one unit of work) the slow files start first."""
 
 from __future__ import annotations
 
 import pytest
 
 WEIGHT = {"slurm": 3, "e2e": 2, "dist": 1}
-"""Which units start first on several workers: the slow kinds (jobs on the Slurm cluster, whole pipelines,
-several ranks), so that a long unit does not start last and leave the other workers idle at the end."""
+"""Which files start first on several workers: the slow kinds (jobs on the Slurm cluster, whole pipelines,
+several ranks), so that a long file does not start last and leave the other workers idle at the end."""
 
 
 def pytest_collection_modifyitems(config, items):
     _skip_gpu_without_cuda(items)
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        items[:] = _grouped(items)
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the order units are handed out
+        items[:] = slow_files_first(items)
 
 
 def _skip_gpu_without_cuda(items) -> None:
@@ -35,17 +34,15 @@ def _skip_gpu_without_cuda(items) -> None:
         item.add_marker(skip)
 
 
-def _grouped(items: list) -> list:
-    """items with an xdist_group each (its module; "slurm" for Slurm tests), a unit's tests together, the units
-    in order of weight (the heaviest marker any of their tests has), then of collection."""
-    groups: dict[str, list] = {}
+def slow_files_first(items: list) -> list:
+    """items with each file's tests together, the files in order of weight (the heaviest marker any of their
+    tests has), then of collection."""
+    files: dict[str, list] = {}
     for item in items:
-        name = "slurm" if "slurm" in item.keywords else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(name))
-        groups.setdefault(name, []).append(item)
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
 
-    def weight(unit: list) -> int:
-        return max((w for kind, w in WEIGHT.items() for item in unit if kind in item.keywords), default=0)
+    def weight(tests: list) -> int:
+        return max((w for kind, w in WEIGHT.items() for item in tests if kind in item.keywords), default=0)
 
-    order = sorted(groups.values(), key=weight, reverse=True)  # stable: collection order within a weight
-    return [item for unit in order for item in unit]
+    order = sorted(files.values(), key=weight, reverse=True)  # stable: collection order within a weight
+    return [item for tests in order for item in tests]

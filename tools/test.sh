@@ -4,8 +4,8 @@
 # Slurm test cluster (tools/slurm_up.sh --nodes 3) when run as root (both idempotent; the cluster is
 # left running for the next test run: tools/slurm_down.sh stops it), then runs pytest over ALL markers
 # (dist, slurm, sandbox, e2e; gpu tests skip without CUDA) on SWE_TEST_WORKERS pytest-xdist workers
-# (default 2: a single e2e test keeps about one core busy, most of its time in imports and server starts);
-# tests/conftest.py makes each module one unit and all Slurm tests one unit. Extra arguments go to pytest
+# (default 2: a single e2e test keeps about one core busy, most of its time in imports and server starts),
+# a test file per unit of work, the slow files first (tests/conftest.py). Extra arguments go to pytest
 # (-n 0 runs in one process).
 # Plain `pytest` (no -m) runs only the fast unit tests.
 set -euo pipefail
@@ -20,4 +20,4 @@ else
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # pytest exits 5 when it collects nothing: that is a failure here too (set -e).
-exec .venv/bin/python -m pytest -m "" -n "${SWE_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -m "" -n "${SWE_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
