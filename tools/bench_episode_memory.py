@@ -18,8 +18,8 @@ shared caches (bounded, not per episode) are cleared. The figure for 1024 episod
 --cpu: the same episodes, each step timed by this thread's CPU clock (time.thread_time): the prompt JSON the
 engine client sends, appending the sampled turn (decode), and the observation (the chat template's render and
 the tokenisation); medians per turn over the turns whose context starts in each band. The Rust tokenizer's
-encode_batch runs without the GIL; its time is the "no_gil" column, taken out of "observation", so that
-"GIL held" is what one turn costs every other episode thread of the controller.
+batch encode and decode run without the GIL; their time is the "no_gil" column, taken out of the steps, so
+that "GIL held" is what one turn costs every other episode thread of the controller.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def episode(chat, engine_prompts, rng: random.Random, context: int, session: str
     ledger = TokenLedger.start(chat, "You are a software engineer. " * 10, "Fix the issue below.\n" * 40)
 
     no_gil = getattr(chat.tokenizer.backend_tokenizer, "_spent", [0.0])
+    turn_released = [0.0]
 
     @contextlib.contextmanager
     def timed(step: str):
@@ -77,8 +78,10 @@ def episode(chat, engine_prompts, rng: random.Random, context: int, session: str
             band = next(b for b in BANDS if b[0] <= start < b[1])
             released = no_gil[0] - r0
             cpu.setdefault((step, band), []).append(time.thread_time() - t0 - released)
-            if step == "observation":
-                cpu.setdefault(("no_gil", band), []).append(released)
+            turn_released[0] += released
+            if step == "observation":  # the turn's last step
+                cpu.setdefault(("no_gil", band), []).append(turn_released[0])
+                turn_released[0] = 0.0
 
     while (start := len(ledger.token_ids)) < context:
         with timed("prompt_json"):
@@ -100,14 +103,14 @@ STEPS = ("prompt_json", "assistant", "observation", "no_gil")
 
 
 class TimedBackend:
-    """The Rust tokenizer with its batch encodes timed (they release the GIL): seconds into `spent`."""
+    """The Rust tokenizer with its batch encodes and decodes timed (they release the GIL): seconds into `spent`."""
 
     def __init__(self, backend, spent: list[float]):
         self._backend, self._spent = backend, spent
 
     def __getattr__(self, name):
         attr = getattr(self._backend, name)
-        if name not in ("encode_batch", "encode_batch_fast"):
+        if name not in ("encode_batch", "encode_batch_fast", "decode_batch"):
             return attr
 
         def timed(*args, **kwargs):
