@@ -113,9 +113,9 @@ class ConnectionPool:
         headers: dict | None = None,
         timeout_s: float | None = None,
     ) -> tuple[int, bytes]:
-        """One request and its whole answer: (HTTP status, body). A kept connection that the server closed while
-        it was idle is retried once on a new one (nothing was answered on it); any other failure is raised as
-        it came (OSError or http.client.HTTPException), its connection closed."""
+        """One request and its whole answer: (HTTP status, body). A kept connection that the server closed
+        while it was idle is retried once on a new one (nothing was answered on it); any other failure is
+        raised as it came (OSError or http.client.HTTPException), its connection closed."""
         for attempt in (0, 1):
             conn = self.take(fresh=attempt > 0, timeout_s=timeout_s)
             try:

@@ -136,8 +136,9 @@ class Trajectory:
     retokenized_turns: int = 0
     """Assistant turns whose sampled ids differ from a fresh encoding of their text (kept as sampled; not drift)."""
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds spent per phase, e.g. {"generate": ..., "sandbox": ..., "grade": ...}; "retried": the wall seconds of
-    this sample's earlier attempts that failed on infrastructure and were retried (what faults cost it)."""
+    """Seconds spent per phase, e.g. {"generate": ..., "sandbox": ..., "grade": ...}; "retried": the wall
+    seconds of this sample's earlier attempts that failed on infrastructure and were retried (what faults cost
+    it)."""
 
     def __post_init__(self) -> None:
         self.exit_reason = ExitReason(self.exit_reason)

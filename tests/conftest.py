@@ -1,5 +1,6 @@
 """Shared pytest setup: GPU tests are skipped where CUDA is absent; on several pytest-xdist workers (as
-tools/test.sh runs the suite, `--dist loadfile`: a test file is one unit of work) the slow files start first."""
+tools/test.sh runs the suite, `--dist loadfile`: a test file is one unit of work) the slow files start
+first."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ several ranks), so that a long file does not start last and leave the other work
 
 def pytest_collection_modifyitems(config, items):
     _skip_gpu_without_cuda(items)
-    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the order units are handed out
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the order of the units
         items[:] = slow_files_first(items)
 
 

@@ -1,4 +1,4 @@
-"""tools/gil_share.py: GIL-held ms per turn from py-spy's raw GIL samples, only the rollout's threads counted."""
+"""tools/gil_share.py: GIL-held ms per turn from py-spy's raw GIL samples, the rollout's threads only."""
 
 import json
 import sys

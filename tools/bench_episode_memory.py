@@ -61,8 +61,8 @@ BANDS = ((0, 16384), (16384, 65536), (65536, 1 << 30))
 
 
 def episode(chat, engine_prompts, rng: random.Random, context: int, session: str, cpu: dict | None = None):
-    """A ledger grown to `context` tokens (and the session's prompt JSON), as Episode builds it; with `cpu`, each
-    step's CPU seconds appended to cpu[(step, band)]."""
+    """A ledger grown to `context` tokens (and the session's prompt JSON), as Episode builds it; with `cpu`,
+    each step's CPU seconds appended to cpu[(step, band)]."""
     from swe_megatron.agent.tokens import TokenLedger
 
     ledger = TokenLedger.start(chat, "You are a software engineer. " * 10, "Fix the issue below.\n" * 40)
@@ -103,7 +103,8 @@ STEPS = ("prompt_json", "assistant", "observation", "no_gil")
 
 
 class TimedBackend:
-    """The Rust tokenizer with its batch encodes and decodes timed (they release the GIL): seconds into `spent`."""
+    """The Rust tokenizer with its batch encodes and decodes timed (they release the GIL): seconds into
+    `spent`."""
 
     def __init__(self, backend, spent: list[float]):
         self._backend, self._spent = backend, spent

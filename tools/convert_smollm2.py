@@ -35,8 +35,8 @@ def is_complete(out: Path) -> bool:
 
 
 def publish(tmp: Path, out: Path) -> None:
-    """Rename the finished folder `tmp` to `out`; when another conversion (a parallel test worker, a second job)
-    finished `out` first, keep that one and remove `tmp`."""
+    """Rename the finished folder `tmp` to `out`; when another conversion (a parallel test worker, a second
+    job) finished `out` first, keep that one and remove `tmp`."""
     try:
         tmp.rename(out)
     except OSError:

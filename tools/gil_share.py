@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         frames[(ours or parts)[-1]] += int(count)
     seconds = held / args.rate
     print(
-        f"rollout threads held the GIL {seconds:.1f} s over {turns} turns: {1000 * seconds / turns:.2f} ms a turn"
+        f"rollout threads held the GIL {seconds:.1f} s over {turns} turns: "
+        f"{1000 * seconds / turns:.2f} ms a turn"
     )
     for frame, n in frames.most_common(args.top):
         print(f"{1000 * n / args.rate / turns:7.2f} ms/turn  {frame}")

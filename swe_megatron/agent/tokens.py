@@ -4,8 +4,9 @@
 rendering of (system, problem statement) with the generation prompt. Assistant tokens are the engine's
 sampled ids, kept as they are with their logprobs (action mask 1). Each observation is appended by rendering
 the chat's head, its last assistant turn and the new observation, and tokenising only the text after that
-assistant turn (TokenLedger.observation_ids): earlier tokens are never re-tokenised. An assistant turn cut by the token limit gets
-the end-of-turn token appended as template glue (mask 0), as the template would render it.
+assistant turn (TokenLedger.observation_ids): earlier tokens are never re-tokenised. An assistant turn cut by
+the token limit gets the end-of-turn token appended as template glue (mask 0), as the template would render
+it.
 
 `check_provenance` re-renders the whole chat from the stored messages and walks it against the stored
 tokens: every non-assistant stretch must be exactly the tokenisation of its rendered text, every assistant
@@ -52,10 +53,11 @@ class ChatFormat:
         self._nfc = backend is not None and "NFC" in repr(backend.normalizer)
         batch = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
         self._encode_batch, self._decode_batch = batch, getattr(backend, "decode_batch", None)
-        """The Rust tokenizer's batch encode and decode, which run without the GIL (an episode thread's tokenising
-        does not stop the others; its single-text encode and decode hold it), called directly, without
-        transformers' wrapper, whose Python per-token work (offsets, masks, BatchEncoding) held the GIL for ~3 ms
-        of a 4k-token observation. None: a tokenizer without a Rust backend (tokenizer.encode/decode)."""
+        """The Rust tokenizer's batch encode and decode, which run without the GIL (an episode thread's
+        tokenising does not stop the others; its single-text encode and decode hold it), called directly,
+        without transformers' wrapper, whose Python per-token work (offsets, masks, BatchEncoding) held the
+        GIL for ~3 ms of a 4k-token observation. None: a tokenizer without a Rust backend
+        (tokenizer.encode/decode)."""
         # tokenisation is a pure function of the text: caching changes no result, only repeated work
         self._encode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._encode_tuple)
         self._decode_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._decode_tuple)
@@ -149,12 +151,13 @@ class TokenLedger:
         return content
 
     def observation_ids(self, text: str) -> list[int]:
-        """The tokens that appending observation `text` (plus the next generation prompt) would add: the template's
-        text after the last assistant turn, rendered over a short chat (the first two messages, the last assistant
-        turn, the observation), so that a turn costs the same at 131k tokens as at 1k (rendering the whole chat
-        twice a turn took ~8 ms at 56k tokens, on the controller's GIL). For a template that renders each message
-        by itself (Qwen2.5's, Llama's) that is the whole chat's text; one that renders earlier turns by what
-        follows them is caught where the whole chat is rendered, by check_provenance at the episode's end."""
+        """The tokens that appending observation `text` (plus the next generation prompt) would add: the
+        template's text after the last assistant turn, rendered over a short chat (the first two messages, the
+        last assistant turn, the observation), so that a turn costs the same at 131k tokens as at 1k
+        (rendering the whole chat twice a turn took ~8 ms at 56k tokens, on the controller's GIL). For a
+        template that renders each message by itself (Qwen2.5's, Llama's) that is the whole chat's text; one
+        that renders earlier turns by what follows them is caught where the whole chat is rendered, by
+        check_provenance at the episode's end."""
         if len(self.messages) < 3 or self.messages[-1]["role"] != "assistant":
             raise DriftError("an observation must follow an assistant turn")
         obs = {"role": "user", "content": self.chat.normalize(text)}

@@ -358,8 +358,8 @@ def rollout_one(
 
 
 def _rollout_one(task, k, setup, sandboxes, rollout_deadline) -> tuple[Trajectory, int]:
-    """See rollout_one. The returned trajectory's timings["retried"]: the wall seconds of the attempts before it
-    that failed and were retried (what faults cost this sample)."""
+    """See rollout_one. The returned trajectory's timings["retried"]: the wall seconds of the attempts before
+    it that failed and were retried (what faults cost this sample)."""
     traj, retried = None, 0.0
     limit = setup.agent.episode_timeout_s
     for attempt in range(setup.agent.infra_retries + 1):

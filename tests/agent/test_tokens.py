@@ -167,8 +167,8 @@ def test_the_provenance_pool_reports_what_the_thread_would_and_outlives_a_killed
 
 def test_an_observation_renders_a_short_chat_and_the_tokens_still_equal_the_whole_render(chat, monkeypatch):
     """A turn's template work does not grow with the episode: the observation's tokens come from rendering the
-    first two messages, the last assistant turn and the observation (twice the whole chat each turn cost ~8 ms a
-    turn at 56k tokens, on the controller's GIL); over 30 turns they still equal the whole chat's tokens."""
+    first two messages, the last assistant turn and the observation (twice the whole chat each turn cost ~8 ms
+    a turn at 56k tokens, on the controller's GIL); over 30 turns they still equal the whole chat's tokens."""
     ledger = TokenLedger.start(chat, "You fix bugs.", "Issue: add() is wrong")
     rendered: list[int] = []
     render = chat.render
@@ -211,9 +211,9 @@ def test_a_template_that_rerenders_earlier_turns_is_caught_at_the_end(chat):
 
 
 def test_encode_and_decode_are_the_tokenizers_own_without_its_wrapper(chat):
-    """ChatFormat.encode and decode call the Rust tokenizer directly (no GIL held while it runs, none of transformers'
-    per-token Python): the same ids as tokenizer.encode(text, add_special_tokens=False), special-token strings
-    and all, cached or not; the same text as tokenizer.decode."""
+    """ChatFormat.encode and decode call the Rust tokenizer directly (no GIL held while it runs, none of
+    transformers' per-token Python): the same ids as tokenizer.encode(text, add_special_tokens=False),
+    special-token strings and all, cached or not; the same text as tokenizer.decode."""
     texts = [
         "plain text",
         "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",

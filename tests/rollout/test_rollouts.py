@@ -77,7 +77,7 @@ def test_concurrent_rollouts_retry_infra_failures_and_write_jsonl(tmp_path, chat
     # every episode was graded once, and the summary is the sum of the episodes' grading times
     assert all(t.timings["grade"] > 0 for t in trajs)
     assert s["seconds"]["grade"] == pytest.approx(sum(t.timings["grade"] for t in trajs), abs=2e-3)
-    # The time the failed attempt took is the retried sample's "retried" (the time a fault cost), no one else's.
+    # The failed attempt's time is the retried sample's "retried" (what the fault cost), no one else's.
     assert [bool(t.timings.get("retried")) for t in trajs].count(True) == 1 and s["seconds"]["retried"] > 0
     rows = [Trajectory.from_json(line) for line in out.read_text().splitlines()]
     assert sorted((r.task_id, r.sample_index) for r in rows) == [("t0", 0), ("t0", 1), ("t1", 0), ("t1", 1)]
