@@ -4,7 +4,16 @@ first."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
+
+SLURM_LOCK = Path(tempfile.gettempdir()) / f"swe-megatron-slurm-tests-{os.getuid()}.lock"
+"""Held by the Slurm test running now, when several workers run the suite: they share the test cluster's nodes
+(a small test's job left pending behind another worker's 3-node job timed out)."""
 
 WEIGHT = {"slurm": 3, "e2e": 2, "dist": 1}
 """Which files start first on several workers: the slow kinds (jobs on the Slurm cluster, whole pipelines,
@@ -47,3 +56,14 @@ def slow_files_first(items: list) -> list:
 
     order = sorted(files.values(), key=weight, reverse=True)  # stable: collection order within a weight
     return [item for tests in order for item in tests]
+
+
+@pytest.fixture(autouse=True)
+def one_slurm_test_at_a_time(request):
+    """On an xdist worker, a `slurm` test waits for the other workers' Slurm tests (SLURM_LOCK)."""
+    if "slurm" not in request.node.keywords or not hasattr(request.config, "workerinput"):
+        yield
+        return
+    with SLURM_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
