@@ -1,6 +1,6 @@
 """Shared pytest setup: GPU tests are skipped where CUDA is absent; on several pytest-xdist workers (as
 tools/test.sh runs the suite, `--dist loadfile`: a test file is one unit of work) the slow files start
-first."""
+first, and Slurm tests run one at a time."""
 
 from __future__ import annotations
 
