@@ -60,6 +60,18 @@ def test_version_and_python_m():
         assert res.returncode == 0 and res.stdout.strip() == f"swe-megatron {__version__}", res
 
 
+def test_parsing_a_command_line_does_not_import_torch():
+    """`--help`, `--version` and every command's usage errors answer in under a second, not after torch's ~4 s
+    import (a test suite that runs the CLI a few hundred times pays it each time)."""
+    heavy = "('torch', 'vllm', 'megatron', 'transformers')"
+    code = (
+        "import sys; from swe_megatron.cli import build_parser; build_parser(); "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", (res.stdout[:500], res.stderr[-2000:])
+
+
 LINES = """
 import sys, time
 from swe_megatron import cli

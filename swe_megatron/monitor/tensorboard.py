@@ -14,8 +14,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from torch.utils.tensorboard import SummaryWriter
-
 T = TypeVar("T")
 
 KEY_CURVES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -70,6 +68,8 @@ class Monitor:
     def __init__(self, log_dir: str | Path, progress: bool = True):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        from torch.utils.tensorboard import SummaryWriter  # torch: not for commands that only parse
+
         self._writer = SummaryWriter(str(self.log_dir))
         self.progress_enabled = progress
 
