@@ -118,6 +118,20 @@ def test_tasks_are_real_and_self_consistent(built, tmp_path):
         assert "diff --git" not in text and extra["mutation"]["file"] not in text
 
 
+@pytest.mark.parametrize(
+    "preset", sorted(p.stem for p in (Path(__file__).parents[2] / "configs").glob("*.yaml"))
+)
+def test_the_built_tasks_gold_scripts_fit_every_stage_of_every_preset(built, preset, capsys):
+    from gold_fit import gold_problems
+
+    from swe_megatron.tasks.load import load_tasks_for_command
+
+    out, _ = built
+    problems = gold_problems(preset, load_tasks_for_command(str(out / "train.jsonl")))
+    assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())
+    assert capsys.readouterr().err == ""  # the rollout names no task it cannot resolve
+
+
 def test_rerun_is_cached_and_same_seed_gives_same_tasks(built, tmp_path):
     out, first_s = built
     before = (out / "train.jsonl").read_bytes()
