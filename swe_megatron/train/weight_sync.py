@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from swe_megatron.engine.base import EngineError
-from swe_megatron.engine.vllm import post_json, reset_prefix_cache
+from swe_megatron.engine.vllm import collective_rpc, reset_prefix_cache
 from swe_megatron.engine.weight_receiver import SyncAborted, SyncGroup
 from swe_megatron.errors import UsageError
 from swe_megatron.launch.slurm_env import SlurmEnv
@@ -152,8 +152,7 @@ def master_address() -> str:
 
 def _rpc(url: str, method: str, kwargs: dict, timeout_s: float):
     # The dev-mode route forwards only string arguments to the workers.
-    body = {"method": method, "kwargs": {k: str(v) for k, v in kwargs.items()}, "timeout": timeout_s}
-    return post_json(f"{url}/collective_rpc", body, timeout_s)
+    return collective_rpc(url, method, {k: str(v) for k, v in kwargs.items()}, timeout_s)
 
 
 def _members(engine) -> list[str]:

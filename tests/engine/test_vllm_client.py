@@ -5,6 +5,7 @@ for vLLM (the real one runs in test_vllm_e2e.py)."""
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def test_one_server_client_sends_the_exact_body_and_reload_routes():
     eng.reload_weights("/ckpt/iter1")
     assert a.requests[-2] == (
         "/collective_rpc",
-        {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/iter1"}},
+        {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/iter1"}, "timeout": 5},
     )
     assert a.requests[-1][0] == "/reset_prefix_cache"
     with pytest.raises(TypeError, match="one server URL.*RoutedEngine"):
@@ -174,6 +175,46 @@ def test_reload_retries_a_refused_prefix_cache_reset_and_fails_clearly_when_it_s
         VllmEngine(stale.url, "policy", SamplingConfig(), [1], timeout_s=5).reload_weights("/ckpt/1")
     for s in (flaky, stale):
         s.httpd.shutdown()
+
+
+def test_a_server_that_dies_during_a_collective_rpc_fails_it_at_once_not_at_its_timeout(monkeypatch):
+    """What vLLM's API server does when the engine core dies under a weight load (the uni executor: the model in
+    the engine core): it shuts down waiting for the open /collective_rpc connection, whose reply never comes, and
+    refuses new connections. The call must fail on the failed /health probes, not after timeout_s."""
+    import swe_megatron.engine.vllm as vllm_client
+
+    monkeypatch.setattr(vllm_client, "RPC_PROBE_S", 0.2)
+    held, dead = threading.Event(), threading.Event()
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # /health: 200 while alive, 503 once the engine died (vLLM's own answer then)
+            self.send_response(503 if dead.is_set() else 200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):  # /collective_rpc: held open, never answered
+            self.rfile.read(int(self.headers["Content-Length"]))
+            held.set()
+            dead.wait(60)
+            time.sleep(60)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    # Alive but slow (a weight load takes long): the call keeps waiting through healthy probes.
+    threading.Timer(1.5, dead.set).start()
+    start = time.monotonic()
+    with pytest.raises(
+        EngineError, match="stopped answering .*HTTP 503.* during /collective_rpc reload_weights"
+    ):
+        VllmEngine(url, "policy", SamplingConfig(), [1], timeout_s=600).reload_weights("/ckpt/1")
+    took = time.monotonic() - start
+    assert held.is_set() and 1.5 < took < 10, took
+    httpd.shutdown()
 
 
 def test_server_ignores_generation_config_and_keeps_caches_out_of_outputs(tmp_path):
