@@ -5,7 +5,7 @@
 # left running for the next test run: tools/slurm_down.sh stops it), then runs pytest over ALL markers
 # (dist, slurm, sandbox, e2e; gpu tests skip without CUDA) on SWE_TEST_WORKERS pytest-xdist workers
 # (default 2: a single e2e test keeps about one core busy, most of its time in imports and server starts),
-# a test file per unit of work, the slow files first, one Slurm test at a time (tests/conftest.py).
+# a test file per unit of work, the slow files first, the Slurm test files one unit together (tests/conftest.py).
 # Extra arguments go to pytest (-n 0 runs in one process).
 # Plain `pytest` (no -m) runs only the fast unit tests.
 set -euo pipefail
