@@ -98,7 +98,10 @@ def post_json(url: str, body: dict, timeout_s: float) -> dict | None:
 RPC_PROBE_S = 2.0
 """How often `collective_rpc` probes the server's /health while it waits for the reply."""
 RPC_PROBES_FAILED = 3
-"""Consecutive failed probes after which the server is taken as dead (its reply will never come)."""
+"""Consecutive failed probes after which the server is taken as dead (its reply will never come): a refused
+connection or vLLM's 503 fails a probe at once; a probe that gets no answer at all waits RPC_PROBE_TIMEOUT_S."""
+RPC_PROBE_TIMEOUT_S = 10.0
+"""A probe's own timeout: long enough that a live server on saturated cores is not taken for a dead one."""
 
 
 def collective_rpc(url: str, method: str, kwargs: dict, timeout_s: float) -> dict | None:
@@ -126,7 +129,7 @@ def collective_rpc(url: str, method: str, kwargs: dict, timeout_s: float) -> dic
         try:
             answer, error = reply.get(timeout=RPC_PROBE_S)
         except queue.Empty:
-            why = http_health(url, RPC_PROBE_S)
+            why = http_health(url, RPC_PROBE_TIMEOUT_S)
             failed = failed + 1 if why is not None else 0
             if failed >= RPC_PROBES_FAILED:
                 raise EngineError(
