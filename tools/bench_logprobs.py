@@ -4,6 +4,10 @@ Figures in docs/benchmarks.md ("Trainer"). Usage, from the repo root:
 
     OMP_NUM_THREADS=2 .venv/bin/python tools/bench_logprobs.py --seq 8192 --vocab 151936 --hidden 128
 
+`--scoring N` instead times one chunk's scoring side by side in this process: the trainer's (`_chunk_logprobs`,
+the fused cross-entropy kernel at TP=1) against the `gather - logsumexp` it replaced, on N action rows, forward
+without grad and checkpointed forward + backward, medians of `--repeats`.
+
 "action" is what the trainer runs (`swe_megatron.train.logprobs.action_logprobs`: gather the hidden states of
 the action rows, score them in chunks of 1024 under activation checkpointing); "full" is what a plain
 forward builds ([seq x vocab] logits, log_softmax, gather). Each variant runs in a fresh process (peak RSS
@@ -63,6 +67,45 @@ def _run(variant: str, seq: int, vocab: int, hidden: int, action_frac: float, ba
     }
 
 
+def _scoring(n_rows: int, vocab: int, hidden: int, repeats: int) -> dict:
+    """Median seconds of one chunk's scoring: the trainer's kernel against `gather - logsumexp`, alternating."""
+    import statistics
+
+    import torch.utils.checkpoint
+
+    from swe_megatron.train.logprobs import _chunk_logprobs
+
+    def before(rows, weight, targets, tp_group):
+        logits = torch.matmul(rows, weight.t()).float()
+        return logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(n_rows, hidden, generator=g).requires_grad_()
+    weight = torch.randn(vocab, hidden, generator=g).mul_(0.02).requires_grad_()
+    targets = torch.randint(0, vocab, (n_rows,), generator=g)
+    times: dict[str, list[tuple[float, float]]] = {"trainer": [], "gather_logsumexp": []}
+    for _ in range(repeats):
+        for name, fn in (("trainer", _chunk_logprobs), ("gather_logsumexp", before)):
+            rows.grad = weight.grad = None
+            start = time.perf_counter()
+            with torch.no_grad():
+                fn(rows, weight, targets, None)
+            mid = time.perf_counter()
+            torch.utils.checkpoint.checkpoint(
+                fn, rows, weight, targets, None, use_reentrant=False
+            ).sum().backward()
+            times[name].append((mid - start, time.perf_counter() - mid))
+    with torch.no_grad():
+        diff = (
+            (_chunk_logprobs(rows, weight, targets, None) - before(rows, weight, targets, None)).abs().max()
+        )
+    out = {"rows": n_rows, "vocab": vocab, "hidden": hidden, "repeats": repeats, "max_abs_diff": float(diff)}
+    for name, t in times.items():
+        out[f"{name}_forward_s"] = round(statistics.median(a for a, _ in t), 3)
+        out[f"{name}_forward_backward_s"] = round(statistics.median(b for _, b in t), 3)
+    return out
+
+
 def _available_bytes() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -87,7 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--action-frac", type=float, default=0.3)
     p.add_argument("--forward-only", action="store_true", help="no backward (both variants)")
     p.add_argument("--variant", choices=["action", "full"], default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--scoring", type=int, default=0, metavar="N", help="time one chunk's scoring of N rows only"
+    )
+    p.add_argument("--repeats", type=int, default=5, help="with --scoring: runs of each, alternating")
     a = p.parse_args(argv)
+    if a.scoring:
+        print(json.dumps(_scoring(a.scoring, a.vocab, a.hidden, a.repeats)))
+        return
     backward = not a.forward_only
     if a.variant:
         seq = a.seq if a.variant == "action" else (a.full_seq or a.seq)
