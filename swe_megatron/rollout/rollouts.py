@@ -37,12 +37,19 @@ Concurrency model (all in the caller's process; rank 0 in training):
   start every episode asks at once, and the starts wait here, not in the server's queue.
 - Shared state behind locks: routing (rollout/routing.py Rotation, a Condition), the prompt-JSON cache
   (PromptJson), the tokenizer's small LRU caches. Everything else an episode touches is its own.
+- Memory: glibc gives each new thread a malloc arena of its own (up to 8 per core), and each arena keeps the
+  peak of the large transient buffers its thread made (a turn's request body, an observation's encoding, the
+  trajectory's JSON line) however short-lived. With hundreds of episode threads that retained memory, not the
+  episodes' live data, was most of the controller's RSS, so the process's arenas are capped at MALLOC_ARENAS
+  (`few_malloc_arenas`, before the episode threads start; an explicit MALLOC_ARENA_MAX wins).
 tools/sim_scale.py measures what this costs per turn and per episode in flight (docs/benchmarks.md, "Scale").
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import threading
 import time
 import traceback
@@ -465,6 +472,28 @@ class _Record:
             self.sink.close()
 
 
+MALLOC_ARENAS = 2
+"""glibc malloc arenas of a process that runs rollouts. At 32 episodes in flight with contexts grown to 131k
+(mean 87k), RSS above idle per episode in flight: 9.1 MiB with glibc's default, 3.8 MiB with 2
+(docs/benchmarks.md, "Scale"). Python's own allocator serves small objects under the GIL either way."""
+
+_M_ARENA_MAX = -8
+"""mallopt's parameter number for the arena cap (glibc malloc.h)."""
+
+
+@functools.cache
+def few_malloc_arenas() -> bool:
+    """Cap this process's glibc malloc arenas at MALLOC_ARENAS (once; arenas made before stay). False when the
+    C library is not glibc or MALLOC_ARENA_MAX is set (the user's choice stands)."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    return mallopt(_M_ARENA_MAX, MALLOC_ARENAS) == 1
+
+
 def run_rollouts(
     tasks: list[Task],
     samples_per_task: int,
@@ -488,6 +517,7 @@ def run_rollouts(
     limit = setup.agent.rollout_timeout_s if timeout_s is None else timeout_s
     t0 = time.perf_counter()
     deadline = time.monotonic() + limit if limit and limit > 0 else None
+    few_malloc_arenas()  # before any thread of this call starts (the sandbox pools' included)
     sandboxes = RolloutSandboxes(setup, jobs)
     pool = ThreadPoolExecutor(max_workers=max(1, setup.agent.concurrency), thread_name_prefix="episode")
     futures: dict[Future, tuple[int, int]] = {}

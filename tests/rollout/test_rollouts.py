@@ -2,6 +2,7 @@
 gold-patch policy reaching reward 1 through the real bwrap sandbox and the real grader."""
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -359,3 +360,51 @@ def test_rollout_limits_are_validated(override, needle):
         load_config("embedded", [override])
     cfg = load_config("embedded", ["agent.episode_timeout_s=0", "agent.rollout_timeout_s=600"])
     assert cfg.agent.episode_timeout_s == 0 and cfg.agent.prewarm_sandboxes == 2
+
+
+ARENAS = """
+import ctypes, os, sys, tempfile, threading
+from swe_megatron.rollout.rollouts import few_malloc_arenas
+if sys.argv[1] == "capped":
+    assert few_malloc_arenas()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.fopen.restype = ctypes.c_void_p
+go, held = threading.Barrier(9), []
+
+def episode():  # a 64 KiB buffer (below the mmap threshold): from this thread's arena
+    held.append(libc.malloc(65536))
+    go.wait()
+
+threads = [threading.Thread(target=episode) for _ in range(8)]
+for t in threads:
+    t.start()
+go.wait()
+path = tempfile.mktemp()
+fp = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(fp))
+libc.fclose(ctypes.c_void_p(fp))
+print(open(path).read().count("<heap nr="))
+os.unlink(path)
+"""
+
+
+def test_a_rollout_process_caps_its_malloc_arenas():
+    """glibc gives each new thread an arena of its own, which keeps the peak of that thread's transient buffers;
+    with hundreds of episode threads that was most of the controller's RSS at long contexts (docs/benchmarks.md,
+    "Scale"). run_rollouts caps them (few_malloc_arenas) before its threads start."""
+    import subprocess
+    import sys
+
+    from swe_megatron.rollout.rollouts import MALLOC_ARENAS
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+
+    def heaps(mode: str) -> int:
+        res = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, env=env,
+                             timeout=120)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        return int(res.stdout.split()[-1])
+
+    assert heaps("default") > MALLOC_ARENAS  # glibc's default: an arena per thread (up to 8 a core)
+    assert heaps("capped") <= MALLOC_ARENAS
