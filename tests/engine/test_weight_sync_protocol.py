@@ -20,12 +20,12 @@ import pytest
 import torch
 from vllm_stub import VllmStub
 
+import swe_megatron.engine.vllm as vllm_client
 from swe_megatron.config.schema import SamplingConfig
 from swe_megatron.engine import weight_receiver
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.weight_receiver import SyncGroup, WeightReceiver
 from swe_megatron.rollout.routing import RoutedEngine
-from swe_megatron.train import weight_sync
 from swe_megatron.train.weight_sync import BroadcastWeightSync, buckets, server_ranks, sync_role
 
 CPU = torch.device("cpu")
@@ -104,7 +104,7 @@ class FakeServer:
 def servers(monkeypatch):
     """make(*[worker kwargs per server], workers=N): FakeServers routed to by weight_sync's /collective_rpc."""
     made: dict[str, FakeServer] = {}
-    real_post = weight_sync.post_json
+    real_post, real_health = vllm_client.post_json, vllm_client.http_health
     real_abort = SyncGroup.abort
 
     def post_json(url, body, timeout_s):
@@ -113,13 +113,17 @@ def servers(monkeypatch):
             return made[base].collective_rpc(body["method"], body["kwargs"], timeout_s)
         return real_post(url, body, timeout_s)
 
+    def http_health(url, timeout_s, *args, **kwargs):  # a fake server answers its probes while it runs
+        return None if url in made else real_health(url, timeout_s, *args, **kwargs)
+
     def abort(self, why):  # a killed process aborts nothing and writes nothing: its sockets just close
         if "Died" in why:
             self.group.abort()
         else:
             real_abort(self, why)
 
-    monkeypatch.setattr(weight_sync, "post_json", post_json)
+    monkeypatch.setattr(vllm_client, "post_json", post_json)  # what weight_sync's collective_rpc posts with
+    monkeypatch.setattr(vllm_client, "http_health", http_health)
     monkeypatch.setattr(SyncGroup, "abort", abort)
 
     def make(*per_server: dict, workers: int = 1) -> list[FakeServer]:

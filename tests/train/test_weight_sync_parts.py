@@ -80,8 +80,10 @@ def test_file_sync_needs_a_folder():
 
 def test_rpc_sends_string_arguments_to_the_collective_rpc_route(monkeypatch):
     sent = []
+    import swe_megatron.engine.vllm as vllm_client
+
     monkeypatch.setattr(
-        weight_sync, "post_json", lambda url, body, timeout: sent.append((url, body, timeout)) or 7
+        vllm_client, "post_json", lambda url, body, timeout: sent.append((url, body, timeout)) or 7
     )
     assert weight_sync._rpc("http://e:1", "swe_sync_weights", {"rank_offset": 3, "prefix": "p"}, 9.0) == 7
     assert sent == [
