@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import swe_megatron.engine.vllm as vllm_client
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.weight_receiver import SyncGroup, WeightReceiver
 from swe_megatron.train import weight_sync
@@ -135,7 +136,10 @@ class OneServer:
 def test_rank0_broadcasts_to_a_receiver_process_over_nccl(monkeypatch, die_after):
     gpu = 1 if torch.cuda.device_count() > 1 else 0
     server = OneServer(gpu, die_after)
-    monkeypatch.setattr(weight_sync, "post_json", server.post_json)
+    monkeypatch.setattr(vllm_client, "post_json", server.post_json)  # what weight_sync's collective_rpc uses
+    monkeypatch.setattr(
+        vllm_client, "http_health", lambda url, timeout_s, *a, **k: None
+    )  # alive until it dies
     monkeypatch.setattr(weight_sync, "reset_prefix_cache", server.reset_prefix_cache)
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(0)
