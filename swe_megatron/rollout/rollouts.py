@@ -474,8 +474,9 @@ class _Record:
 
 MALLOC_ARENAS = 2
 """glibc malloc arenas of a process that runs rollouts. At 32 episodes in flight with contexts grown to 131k
-(mean 87k), RSS above idle per episode in flight: 9.1 MiB with glibc's default, 3.8 MiB with 2
-(docs/benchmarks.md, "Scale"). Python's own allocator serves small objects under the GIL either way."""
+(mean 87k), RSS above idle per episode in flight: 9.1 MiB with glibc's default, 5.4 MiB capped here, 3.8 MiB
+with MALLOC_ARENA_MAX=2 from the process's start (docs/benchmarks.md, "Scale"). Python's own allocator serves
+small objects under the GIL either way."""
 
 _M_ARENA_MAX = -8
 """mallopt's parameter number for the arena cap (glibc malloc.h)."""
