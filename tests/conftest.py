@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,23 @@ SLURM_LOCK = Path(tempfile.gettempdir()) / f"swe-megatron-slurm-tests-{os.getuid
 WEIGHT = {"slurm": 3, "e2e": 2, "dist": 1}
 """Which files start first on several workers: the slow kinds (jobs on the Slurm cluster, whole pipelines,
 several ranks), so that a long file does not start last and leave the other workers idle at the end."""
+
+
+def pytest_configure(config):
+    _absl_leaves_pytest_capture_open()
+
+
+def _absl_leaves_pytest_capture_open() -> None:
+    """absl.logging (megatron.core imports it) makes its handler at import with the sys.stderr of that moment:
+    under pytest, the capture's file. logging.config.dictConfig (importing submitit or vLLM) closes every
+    handler, and absl's closes its stream unless it is sys.stderr at that moment; under capsys it is not, so it
+    closed pytest's capture file and every later test of that worker erred ("I/O operation on closed file").
+    Made here, its handler writes to the real stderr, which it never closes."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:
+        return
+    absl_logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
 
 
 def pytest_collection_modifyitems(config, items):
