@@ -32,7 +32,8 @@ TWO_RANKS = ["parallel.world_size=2", "parallel.tensor_parallel=2"]
 def _run(cmd: list[str]) -> str:
     p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-5000:]
+    first = out.find("Traceback (most recent call last)")  # the failing rank's, before torchrun's summary
+    assert p.returncode == 0, (out[first : first + 4000] + "\n[...]\n" if first >= 0 else "") + out[-2500:]
     return p.stdout
 
 
