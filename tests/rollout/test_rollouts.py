@@ -291,7 +291,9 @@ def test_prewarmed_sandboxes_are_fresh_per_episode_and_all_stopped(tmp_path, cha
     for t in trajs:
         assert "ok" in t.messages[3]["content"] and "+fresh" in t.patch
     assert len(made) == 9  # one sandbox per episode: none reused, none wasted
-    assert stats.prewarm["prefetched"] >= 5 and stats.prewarm["hits"] == stats.prewarm["prefetched"]
+    # How many were made ahead depends on timing (an episode that starts before its prefetch is ready makes its
+    # own): >= 5 failed on a loaded machine. At least one was, and every one made ahead was used.
+    assert stats.prewarm["prefetched"] >= 1 and stats.prewarm["hits"] == stats.prewarm["prefetched"]
     assert all(sb.root is None for sb in made)
 
 
