@@ -349,7 +349,11 @@ class Aci:
             if r.exit_code != 0 and self._restore_pristine_git(timeout_s):
                 r = self._diff(timeout_s)
         except SandboxError as e:
-            log.warning("no diff from the sandbox of %s (%s): taking it on the host", self.workdir, e)
+            log.warning(
+                "no diff from the sandbox of %s (%s): asking its host for the workspace's diff",
+                self.workdir,
+                e,
+            )
             return self.sandbox.host_patch(PATCH_MAX_BYTES)
         if r.exit_code != 0:
             log.warning(
