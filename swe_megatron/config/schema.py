@@ -345,7 +345,8 @@ class EngineConfig:
     """The servers' compile and kernel caches (vLLM, Triton, Inductor), shared by runs; outside run and output
     folders (relative: under the repository)."""
     enforce_eager: bool = True
-    """Skip graph capture/compile (faster start on CPU)."""
+    """Skip graph capture/compile (faster start on CPU). On CPU also no torch.compile of vLLM's sampler helpers
+    (TORCHDYNAMO_DISABLE=1 in the server)."""
     port: int = 8100
     """First port; server i listens on port + i."""
     request_timeout_s: float = 600.0

