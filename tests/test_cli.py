@@ -109,3 +109,18 @@ def test_output_is_line_buffered_into_a_pipe(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_machine_speed_prints_one_line_of_per_core_figures():
+    """tools/machine_speed.py, which .ci/run prints so that CI times from different machines compare."""
+    import re
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "machine_speed.py"
+    res = subprocess.run([sys.executable, str(tool)], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert re.fullmatch(
+        r"machine: .+, \d+ cores; one core: 1024\^2 fp32 matmul [\d.]+ ms, Python loop 10\^6 adds \d+ ms "
+        r"\(medians of 5\)\n",
+        res.stdout,
+    ), res.stdout
