@@ -256,10 +256,14 @@ def test_on_cpu_one_worker_runs_in_the_engine_core_and_tensor_parallel_keeps_its
 
 def test_an_eager_server_on_cpu_runs_without_dynamo_and_a_compiling_one_keeps_it(tmp_path, monkeypatch):
     """enforce_eager on CPU: TORCHDYNAMO_DISABLE in the server (tests/engine/test_vllm_e2e.py shows nothing
-    compiles); without enforce_eager vLLM's compilation stays as it is."""
+    compiles); without enforce_eager, or on a GPU, vLLM's compilation stays as it is."""
     monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
     assert server_env(EngineConfig(), tmp_path)["TORCHDYNAMO_DISABLE"] == "1"
     assert "TORCHDYNAMO_DISABLE" not in server_env(EngineConfig(enforce_eager=False), tmp_path)
+    from swe_megatron.engine import vllm_server
+
+    monkeypatch.setattr(vllm_server, "_has_gpu", lambda: True)  # GPU servers keep vLLM's defaults
+    assert "TORCHDYNAMO_DISABLE" not in server_env(EngineConfig(), tmp_path)
 
 
 def test_a_port_answered_by_another_runs_server_is_not_taken_for_ours(tmp_path, monkeypatch):
