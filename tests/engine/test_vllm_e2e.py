@@ -32,9 +32,8 @@ def chat():
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     model_dir = save_tiny_checkpoint(TINY, root / "model", seed=0)
-    cfg = EngineConfig(
-        cpu_kvcache_gib=1, cache_dir=str(root / "cache")
-    )  # its own: what it compiles shows there
+    # A compile cache of its own: what the server compiles shows there.
+    cfg = EngineConfig(cpu_kvcache_gib=1, cache_dir=str(root / "cache"))
     srv = VllmServer(str(model_dir), free_port(), cfg, root / "work", max_model_len=4096)
     with srv:
         yield srv
