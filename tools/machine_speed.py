@@ -1,7 +1,7 @@
 """One line that says how fast this machine's cores are, so CI times from different machines compare.
 
 .venv/bin/python tools/machine_speed.py
-# machine: AMD EPYC, 2 cores; one core: 1024^2 fp32 matmul 9.1 ms, Python loop 10^6 adds 28 ms (medians of 5)
+# machine: AMD EPYC, 2 cores; one core: 1024^2 fp32 matmul 24.3 ms, Python loop 10^6 adds 28 ms (medians of 5)
 
 Both figures are per core (torch on one thread): the test suite is mostly single-threaded imports, server
 starts and small-model steps, which scale with them.
