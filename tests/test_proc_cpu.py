@@ -32,3 +32,12 @@ def test_the_command_exit_status_is_the_tool_s():
     res = subprocess.run([sys.executable, str(TOOL), "--", sys.executable, "-c", "raise SystemExit(3)"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert res.returncode == 3
+
+
+def test_bad_numbers_are_one_usage_error_before_the_command_runs(tmp_path):
+    marker = tmp_path / "ran"
+    for bad in (["--interval", "0"], ["--top", "0"]):
+        res = subprocess.run([sys.executable, str(TOOL), *bad, "--", "touch", str(marker)], capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert res.returncode == 2 and f"{bad[0]} must be" in res.stderr, res.stderr
+    assert not marker.exists()

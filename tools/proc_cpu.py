@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         ap.error("no command: tools/proc_cpu.py -- COMMAND ...")
+    if not args.interval > 0:
+        ap.error(f"--interval must be > 0 seconds, got {args.interval}")
+    if args.top < 1:
+        ap.error(f"--top must be >= 1, got {args.top}")
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd)
     result: dict = {}
