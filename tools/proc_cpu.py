@@ -1,12 +1,13 @@
 """Run a command and print the CPU seconds of every process of its tree: where a run's CPU goes.
 
 OMP_NUM_THREADS=1 .venv/bin/python tools/proc_cpu.py -- .venv/bin/python -m swe_megatron.cli run embedded ...
-# wall 70.9 s, CPU 71.0 s over 79 process(es) (sampled every 0.5 s: a process that lived less may be missed)
-#     33.5 s   0.0-70.4 s  swe_megatron.cli run embedded run_dir=/tmp/vs/t/run tasks.train_file=...
-#     24.4 s  18.1-68.4 s  VLLM::EngineCore
-#     11.8 s   9.0-68.9 s  vllm.entrypoints.openai.api_server --model /tmp/vs/t/run/topology/model ...
-#      1.2 s   7.5-68.9 s  swe_megatron.cli sandbox-server --port 43463 ...
-(the command of tests/pipeline/test_pipeline_e2e.py, 7 units, with 2f709ad's change)
+# wall 83.7 s, CPU 83.7 s over 79 process(es) (sampled every 0.5 s: a process that lived less may be missed)
+#     38.7 s   0.0-83.2 s  swe_megatron.cli run embedded run_dir=/tmp/vs/t/run tasks.train_file=...
+#     28.7 s  23.6-81.1 s  VLLM::EngineCor
+#     14.6 s  13.1-81.1 s  vllm.entrypoints.openai.api_server --model /tmp/vs/t/run/topology/model ...
+#      1.5 s  11.1-81.6 s  python
+(the command of tests/pipeline/test_pipeline_e2e.py, 7 units, right after a full test run; a process is
+named by its last command line, so retitled ones show their title: the engine core, the sandbox server)
 
 Each process's figure is its user + system time at the last sample before it ended (psutil), so a process
 that lived less than the interval may be missing and the others may lack their last half second. Used for
