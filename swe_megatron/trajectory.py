@@ -7,7 +7,7 @@ assistant turn so that malformed turns can be masked for RFT. A trajectory round
 (`to_dict` / `from_dict`, `to_json` / `from_json`) so it can be stored one per line in JSONL.
 
 Memory (a thousand episodes in flight, contexts to 131k tokens; docs/benchmarks.md, "Scale"): the three
-length-L fields are typed arrays (`token_array`, `mask_array`, `logprob_array`): 4 + 1 + 8 bytes a token, where
+length-L fields are typed arrays (`token_array`, `mask_array`, `logprob_array`): 4 + 1 + 4 bytes a token, where
 Python lists of ints and floats took ~36 + 8 + 8..32. JSON holds them as lists; `Trajectory(...)` and
 `from_dict` take lists or arrays. Compare them as `list(traj.token_ids)`: an array never equals a list.
 """
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-TOKEN, MASK, LOGPROB = "i", "b", "d"
+TOKEN, MASK, LOGPROB = "i", "b", "f"
 """array typecodes: token ids (C int, 4 bytes: vocabularies are far below 2**31), action mask (1 byte), logprobs
-(C double: exactly the float the engine returned)."""
+(C float, 4 bytes: vLLM computes logprobs in float32, `Sampler.compute_logprobs`, so a vLLM logprob is kept
+exactly; the trainer reads them as float32, pipeline/stages.py)."""
 
 
 def token_array(values: Iterable[int] = ()) -> array:

@@ -13,6 +13,7 @@ prompt only grows, and the ids it already sent are not formatted again (tools/si
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import queue
@@ -167,29 +168,32 @@ class Connections:
 
 
 class PromptJson:
-    """Each session's prompt as JSON text, extended by the new ids each turn instead of formatted whole: the
-    ids sent last time are checked to be the new prompt's prefix (an array comparison, no formatting), else the
-    prompt is formatted afresh. Per session it keeps the ids sent (4 bytes a token) and their text (~7 bytes a
-    token, compact separators). end() forgets a session."""
+    """Each session's prompt as JSON text, extended by the new ids each turn instead of formatted whole.
+
+    Per session it keeps the text (~7 bytes a token: compact separators, ASCII bytes extended in place) and the
+    count and SHA-256 of the ids it holds, not the ids themselves (the ledger has them): a new prompt whose
+    first ids hash the same is an extension, and only its new ids are formatted; any other prompt is formatted
+    afresh. Hashing runs without the GIL (hashlib releases it for large buffers). end() forgets a session.
+    """
 
     def __init__(self):
-        self._sessions: dict[str, tuple[array, str]] = {}
+        self._sessions: dict[str, tuple[int, bytes, bytearray]] = {}
         self._lock = threading.Lock()
 
-    def text(self, session: str, prompt_ids: Sequence[int]) -> str:
-        """The JSON array of prompt_ids without its brackets ("1,2,3")."""
+    def text(self, session: str, prompt_ids: Sequence[int]) -> bytearray:
+        """The JSON array of prompt_ids without its brackets (b"1,2,3"). The session's own buffer: use it
+        before the session's next call, which extends it."""
         ids = token_array(prompt_ids)
         with self._lock:
-            sent, text = self._sessions.get(session, (None, ""))
-        n = len(sent) if sent is not None else 0
-        if session and 0 < n <= len(ids) and ids[:n] == sent:
+            n, digest, text = self._sessions.get(session, (0, b"", None))
+        if session and text is not None and 0 < n <= len(ids) and _ids_digest(ids, n) == digest:
             if len(ids) > n:
-                text += "," + _json_ids(ids[n:])
+                text += b"," + _json_ids(ids[n:])
         else:
-            text = _json_ids(ids)
+            text = bytearray(_json_ids(ids))
         if session:
             with self._lock:
-                self._sessions[session] = (array(ids.typecode, ids), text)
+                self._sessions[session] = (len(ids), _ids_digest(ids, len(ids)), text)
         return text
 
     def end(self, session: str) -> None:
@@ -198,14 +202,19 @@ class PromptJson:
             self._sessions.pop(session, None)
 
 
-def _json_ids(ids: array) -> str:
-    return json.dumps(ids.tolist(), separators=(",", ":"))[1:-1]
+def _ids_digest(ids: array, n: int) -> bytes:
+    return hashlib.sha256(memoryview(ids)[:n]).digest()
 
 
-def completion_bytes(body: dict, prompt_text: str) -> bytes:
-    """The JSON bytes of a completion_body whose prompt is the array `[prompt_text]` (json.dumps's layout)."""
+def _json_ids(ids: array) -> bytes:
+    return json.dumps(ids.tolist(), separators=(",", ":"))[1:-1].encode()
+
+
+def completion_bytes(body: dict, prompt_text: bytes | bytearray) -> bytes:
+    """The JSON bytes of a completion_body whose prompt is the array `[prompt_text]` (json.dumps's layout),
+    joined in one copy."""
     head, tail = json.dumps({**body, "prompt": []}).split('"prompt": []', 1)
-    return f'{head}"prompt": [{prompt_text}]{tail}'.encode()
+    return b"".join((head.encode(), b'"prompt": [', prompt_text, b"]", tail.encode()))
 
 
 def reset_prefix_cache(url: str, timeout_s: float, attempts: int = 5, delay_s: float = 0.5) -> None:

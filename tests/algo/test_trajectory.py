@@ -34,6 +34,22 @@ def test_json_round_trip_through_jsonl(tmp_path):
     assert isinstance(json.loads(trajs[0].to_json())["turn_spans"][0], list)
 
 
+def test_a_vllm_logprob_is_kept_exactly_in_four_bytes():
+    """vLLM computes logprobs in float32 (Sampler.compute_logprobs) and the trainer reads them as float32, so
+    a token's three fields take 4 + 1 + 4 bytes (docs/benchmarks.md, "Scale": memory at 131k contexts), and a
+    float32 value the engine sent survives the trajectory and its JSON line bit for bit."""
+    import numpy as np
+
+    lp = [float(np.float32(x)) for x in (-0.1, -3.7e-5, -17.25, -1e-12)]
+    t = build_trajectory(turns=2)
+    a = [i for i, m in enumerate(t.action_mask) if m]
+    for i, x in zip(a, lp):
+        t.logprobs[i] = x
+    back = Trajectory.from_json(t.to_json())
+    assert [back.logprobs[i] for i in a] == lp
+    assert sum(f.itemsize for f in (t.token_ids, t.action_mask, t.logprobs)) == 9
+
+
 def test_from_dict_rejects_unknown_and_missing_fields():
     d = build_trajectory().to_dict()
     with pytest.raises(ValueError, match="unknown Trajectory field"):

@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -155,7 +156,29 @@ def test_completions_reuse_one_kept_connection_and_send_each_prompt_exactly():
     )
     assert len(set(a.peers)) == 1  # one connection for all four
     eng.end_session("ep1")
-    assert eng.prompts.text("ep1", [3]) == "3"
+    assert eng.prompts.text("ep1", [3]) == b"3"
+
+
+def test_a_session_keeps_its_prompt_as_json_text_only_not_a_copy_of_the_ids():
+    """At a thousand episodes of 131k tokens each byte a token matters: a session keeps its prompt's JSON
+    (~7 bytes a token) and a digest, not a second copy of the ids (4 bytes a token) beside the ledger's."""
+    import tracemalloc
+
+    from swe_megatron.engine.vllm import PromptJson
+
+    prompts, ids = PromptJson(), array("i", range(100_000, 200_000))
+    tracemalloc.start()
+    try:
+        text = prompts.text("s", ids)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert text == ",".join(map(str, ids)).encode()
+    assert len(text) <= kept < len(text) + 100_000  # the ids' copy would be 400,000 bytes more
+    ids.extend([7, 8])
+    assert prompts.text("s", ids) == ",".join(map(str, ids)).encode()  # extended by ",7,8"
+    ids[0] = 5
+    assert prompts.text("s", ids).startswith(b"5,100001,")  # not an extension: formatted afresh
 
 
 def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one():
