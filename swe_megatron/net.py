@@ -109,13 +109,18 @@ class ConnectionPool:
         self,
         method: str,
         path: str,
-        body: bytes | None = None,
+        body: bytes | tuple[bytes | bytearray, ...] | None = None,
         headers: dict | None = None,
         timeout_s: float | None = None,
     ) -> tuple[int, bytes]:
         """One request and its whole answer: (HTTP status, body). A kept connection that the server closed
         while it was idle is retried once on a new one (nothing was answered on it); any other failure is
-        raised as it came (OSError or http.client.HTTPException), its connection closed."""
+        raised as it came (OSError or http.client.HTTPException), its connection closed.
+
+        body: bytes, or a tuple of parts sent one after the other with their total Content-Length (no joined
+        copy: a 131k-token prompt is ~1 MB that would otherwise be held for the whole turn)."""
+        if isinstance(body, tuple):
+            headers = {**(headers or {}), "Content-Length": str(sum(len(part) for part in body))}
         for attempt in (0, 1):
             conn = self.take(fresh=attempt > 0, timeout_s=timeout_s)
             try:

@@ -73,3 +73,36 @@ def test_a_hard_open_files_limit_below_the_need_is_one_clear_error():
     out = _limits_after(1024, 2048, 4352)
     assert out.startswith("UsageError agent.concurrency=1024 needs about 4352 open files")
     assert "at most 2048" in out and "ulimit -n 4352" in out and out.endswith("(1024, 2048)\n")
+
+
+def test_a_body_in_parts_is_sent_whole_with_its_length_and_no_joined_copy():
+    """A 131k-token prompt's request is ~1 MB: sent as parts (the session's prompt text in the middle), with
+    their total Content-Length, never chunked, never joined into a copy held for the whole turn."""
+    from swe_megatron.net import ConnectionPool
+
+    seen = []
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            n = int(self.headers["Content-Length"])
+            seen.append((self.headers.get("Transfer-Encoding"), self.rfile.read(n)))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        pool = ConnectionPool("127.0.0.1", httpd.server_address[1], 5)
+        middle = bytearray(b"1,2," * 100_000)
+        for _ in range(2):  # the second on the kept connection
+            assert pool.exchange("POST", "/x", (b'{"prompt": [', middle, b"]}")) == (200, b"ok")
+        assert seen == [(None, b'{"prompt": [' + bytes(middle) + b"]}")] * 2
+    finally:
+        httpd.shutdown()

@@ -151,7 +151,7 @@ class Connections:
         self.url = url
         self.pool = ConnectionPool(parts.hostname, parts.port or 80, timeout_s)
 
-    def post(self, path: str, data: bytes) -> dict | None:
+    def post(self, path: str, data: bytes | tuple[bytes | bytearray, ...]) -> dict | None:
         """POST JSON bytes, parse the answer; any failure is an EngineError naming the url. A kept connection
         the server closed meanwhile is retried once on a new one (nothing was answered on it)."""
         try:
@@ -210,11 +210,12 @@ def _json_ids(ids: array) -> bytes:
     return json.dumps(ids.tolist(), separators=(",", ":"))[1:-1].encode()
 
 
-def completion_bytes(body: dict, prompt_text: bytes | bytearray) -> bytes:
-    """The JSON bytes of a completion_body whose prompt is the array `[prompt_text]` (json.dumps's layout),
-    joined in one copy."""
+def completion_parts(body: dict, prompt_text: bytes | bytearray) -> tuple[bytes, bytes | bytearray, bytes]:
+    """The JSON of a completion_body whose prompt is the array `[prompt_text]` (json.dumps's layout), as three
+    parts sent one after the other (net.ConnectionPool.exchange): the prompt's text is not copied into a request
+    body held for the whole turn."""
     head, tail = json.dumps({**body, "prompt": []}).split('"prompt": []', 1)
-    return b"".join((head.encode(), b'"prompt": [', prompt_text, b"]", tail.encode()))
+    return f'{head}"prompt": ['.encode(), prompt_text, f"]{tail}".encode()
 
 
 def reset_prefix_cache(url: str, timeout_s: float, attempts: int = 5, delay_s: float = 0.5) -> None:
@@ -267,7 +268,7 @@ class VllmEngine:
         """One turn on the server (session: the episode, whose prompt grows turn by turn; see PromptJson)."""
         body = completion_body(self.model, [], max_tokens, self.sampling, self.stop_token_ids)
         data = self.connections.post(
-            "/v1/completions", completion_bytes(body, self.prompts.text(session, prompt_ids))
+            "/v1/completions", completion_parts(body, self.prompts.text(session, prompt_ids))
         )
         if data is None:
             raise EngineError(f"{self.url}: empty completion response")

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import numpy as np
+
 from swe_megatron.algo import length_penalty, mean_pass_at_k
 from swe_megatron.trajectory import Trajectory
+
+
+def _actions(t: Trajectory) -> np.ndarray:
+    """The action mask as booleans, a view of the trajectory's array (no per-token Python objects: an iteration
+    is thousands of trajectories of up to 131k tokens)."""
+    return np.frombuffer(t.action_mask, np.int8).view(np.bool_)
 
 
 def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str, dict[str, float]]:
@@ -21,8 +29,11 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
         if t.excluded:
             kind = t.exit_reason.value if t.exit_reason.is_infra else "drift" if t.drifted else "grading"
             infra[kind] += 1
-    actions = [sum(t.action_mask) for t in trajs]
-    engine_lp = [lp for t in valid for lp, m in zip(t.logprobs, t.action_mask) if m]
+    actions = [_actions(t).sum() for t in trajs]
+    lp_sum = sum(
+        float(np.frombuffer(t.logprobs, np.float32)[_actions(t)].sum(dtype=np.float64)) for t in valid
+    )
+    lp_n = sum(int(_actions(t).sum()) for t in valid)
     reward = sum(float(t.reward) for t in valid) / n
     penalty = sum(length_penalty(t.num_steps, t_max, l_thr) for t in valid) / n
     return {
@@ -47,7 +58,7 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
             "trajectory_mean": sum(len(t.token_ids) for t in trajs) / max(len(trajs), 1),
         },
         # Mean -log p of the engine's own samples: an unbiased estimate of the sampling policy's entropy per token.
-        "policy": {"entropy_estimate": -sum(engine_lp) / len(engine_lp) if engine_lp else float("nan")},
+        "policy": {"entropy_estimate": -lp_sum / lp_n if lp_n else float("nan")},
         "infra": {"failures": float(sum(infra.values())), **{k: float(v) for k, v in infra.items()}},
         # Graded trajectories whose patch mentions the test runner, or whose run the canaries caught.
         "grading": {f: float(sum(f in t.grading_flags for t in trajs)) for f in ("suspicious", "tampered")},

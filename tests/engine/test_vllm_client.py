@@ -14,7 +14,7 @@ import pytest
 
 from swe_megatron.config.schema import EngineConfig, SamplingConfig
 from swe_megatron.engine.base import EngineError
-from swe_megatron.engine.vllm import VllmEngine, completion_body, parse_completion
+from swe_megatron.engine.vllm import VllmEngine, completion_body, completion_parts, parse_completion
 from swe_megatron.engine.vllm_server import server_command, server_env
 
 
@@ -178,7 +178,11 @@ def test_a_session_keeps_its_prompt_as_json_text_only_not_a_copy_of_the_ids():
     ids.extend([7, 8])
     assert prompts.text("s", ids) == ",".join(map(str, ids)).encode()  # extended by ",7,8"
     ids[0] = 5
-    assert prompts.text("s", ids).startswith(b"5,100001,")  # not an extension: formatted afresh
+    fresh = prompts.text("s", ids)
+    assert fresh.startswith(b"5,100001,")  # not an extension: formatted afresh
+    body = completion_parts({"model": "policy", "prompt": [], "max_tokens": 8}, fresh)
+    assert body[1] is fresh  # sent as it is kept: no copy of the prompt for the request
+    assert json.loads(b"".join(body))["prompt"] == list(ids)
 
 
 def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one():
