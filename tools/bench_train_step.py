@@ -59,6 +59,32 @@ def _hf_step(model, opt, microbatches, clip: float) -> float:
     return loss_sum
 
 
+def megatron_trainer(preset: str, micro_batch_tokens: int, total_steps: int):
+    """(model config, transformers model, optimiser config, Trainer): the preset's shape built with transformers
+    and loaded into a Megatron-Core Trainer (a gloo world of 1, this process); same weights on both sides."""
+    from swe_megatron.config.schema import OptimConfig, ParallelConfig
+    from swe_megatron.model.tiny import tiny_qwen2
+    from swe_megatron.train import parallel
+    from swe_megatron.train.command import load_model_preset
+    from swe_megatron.train.step import Trainer
+
+    cfg = load_model_preset(preset)
+    hf = tiny_qwen2(cfg, seed=0).train()
+    optim = OptimConfig(lr=1e-4, weight_decay=0.1, grad_clip=1.0)
+    par = ParallelConfig(micro_batch_tokens=micro_batch_tokens)
+    parallel.init_distributed(0, 1, master_port=parallel.free_port())
+    parallel.init_model_parallel(par, seed=0)
+    return cfg, hf, optim, Trainer(cfg, par, optim, total_steps=total_steps, hf_state=hf.state_dict())
+
+
+def sft_microbatches(vocab: int, trajectories: int, length: int, micro_batch_tokens: int):
+    """Random trajectories (half their tokens actions) packed into micro-batches, and their token count."""
+    from swe_megatron.train.packing import pack
+
+    samples = _batch(trajectories, length, vocab)
+    return pack(samples, micro_batch_tokens), sum(s.tokens.numel() for s in samples)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run both steps alternately and print one JSON line with tokens/s and the ratio."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,28 +94,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=4, help="timed steps per side (after one warm-up step each)")
     p.add_argument("--preset", default="tiny-qwen2", help="model preset (shape only)")
     a = p.parse_args(argv)
-
-    from swe_megatron.config.schema import OptimConfig, ParallelConfig
-    from swe_megatron.model.tiny import tiny_qwen2
     from swe_megatron.train import parallel
-    from swe_megatron.train.command import load_model_preset
-    from swe_megatron.train.packing import pack
-    from swe_megatron.train.step import LossSpec, Trainer
+    from swe_megatron.train.step import LossSpec
 
-    cfg = load_model_preset(a.preset)
-    hf = tiny_qwen2(cfg, seed=0).train()
-    optim = OptimConfig(lr=1e-4, weight_decay=0.1, grad_clip=1.0)
-    par = ParallelConfig(micro_batch_tokens=a.micro_batch_tokens)
-    parallel.init_distributed(0, 1, master_port=parallel.free_port())
-    parallel.init_model_parallel(par, seed=0)
-    trainer = Trainer(cfg, par, optim, total_steps=a.steps + 1, hf_state=hf.state_dict())
+    cfg, hf, optim, trainer = megatron_trainer(a.preset, a.micro_batch_tokens, a.steps + 1)
     opt = torch.optim.AdamW(
         hf.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=0.1
     )
 
-    samples = _batch(a.trajectories, a.length, cfg.vocab_size)
-    mbs = pack(samples, a.micro_batch_tokens)
-    tokens = sum(s.tokens.numel() for s in samples)
+    mbs, tokens = sft_microbatches(cfg.vocab_size, a.trajectories, a.length, a.micro_batch_tokens)
     times: dict[str, list[float]] = {"trainer": [], "transformers": []}
     losses = {}
     for step in range(a.steps + 1):

@@ -17,11 +17,14 @@ Measured per level (episodes in flight = agent.concurrency), from this (the cont
   time for that turn (TurnModel.latency of its prompt length and tokens: exact), i.e. routing, the HTTP
   request, JSON encode/decode and the queueing of threads for the GIL; and per episode, its wall time less the
   stand-ins' time and the sandbox's raw command time, per turn (all of the controller's work in the episode);
-- episodes/minute, turns, errors (infrastructure failures, drifted trajectories), mean and largest context.
+- episodes/minute, turns, errors (infrastructure failures, drifted trajectories), mean and largest context;
+- with --trainer-core, async mode's trainer in this process (TrainerBeside): its median step alone and while
+  the rollouts run, the rollouts kept off its core, so the slowdown is what sharing the GIL costs it.
 
 Usage (root, bwrap and the sandbox user as for the sandbox tests; from the repo root):
     OMP_NUM_THREADS=1 .venv/bin/python tools/sim_scale.py --levels 64 256 1024 --json out.json
     OMP_NUM_THREADS=1 .venv/bin/python tools/sim_scale.py --levels 64 --episodes-per-level 64 --stage stage2
+    OMP_NUM_THREADS=1 .venv/bin/python tools/sim_scale.py --levels 1024 --trainer-core 0
 Each level runs `--episodes-per-level` episodes (default: 2 x the level) at that concurrency.
 """
 
@@ -147,10 +150,85 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+class TrainerBeside:
+    """Async mode's trainer beside the rollouts. With algo.max_staleness >= 1, rank 0 runs the rollouts on
+    threads of the trainer's own process (pipeline/ahead.py), so they share its GIL. This runs Megatron-Core
+    train steps of the embedded model (SFT loss, random trajectories: tools/bench_train_step.py) back to back
+    on a thread pinned to one core, while this process's other threads, the stand-ins and the sandbox servers
+    run on the other cores: what the rollouts can take from the trainer is the GIL, not its core (as on a head
+    node with cores to spare). figures() compares the steps before and after a phase with those inside it."""
+
+    def __init__(self, core: int, trajectories: int = 4, length: int = 256):
+        self.core, self.shape = core, (trajectories, length)
+        self.steps: list[tuple[float, float, float]] = []
+        """(start, end, thread CPU seconds) of each step after the first (a warm-up)."""
+        self._done = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="trainer-beside", daemon=True)
+
+    def start(self) -> TrainerBeside:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            os.sched_setaffinity(0, {self.core})  # this thread only (Linux: a thread's id)
+            import torch
+            from bench_train_step import megatron_trainer, sft_microbatches
+
+            from swe_megatron.train.step import LossSpec
+
+            torch.set_num_threads(1)
+            cfg, _, _, trainer = megatron_trainer("tiny-qwen2", 1024, 1_000_000)
+            mbs, _ = sft_microbatches(cfg.vocab_size, *self.shape, 1024)
+            trainer.train_step(mbs, LossSpec("sft"))  # warm-up
+            while not self._stop.is_set():
+                t0, c0 = time.monotonic(), time.thread_time()
+                trainer.train_step(mbs, LossSpec("sft"))
+                with self._done:
+                    self.steps.append((t0, time.monotonic(), time.thread_time() - c0))
+                    self._done.notify_all()
+        except BaseException as e:  # reported by wait_steps, on the main thread
+            self._error = e
+            with self._done:
+                self._done.notify_all()
+
+    def wait_steps(self, n: int) -> None:
+        """Block until n more steps are done."""
+        with self._done:
+            goal = len(self.steps) + n
+            while len(self.steps) < goal and self._error is None:
+                self._done.wait(5.0)
+        if self._error is not None:
+            raise RuntimeError(f"the trainer beside the rollouts failed: {self._error!r}") from self._error
+
+    def cpu_s(self) -> float:
+        """Thread CPU seconds of the steps so far."""
+        with self._done:
+            return sum(c for *_, c in self.steps)
+
+    def figures(self, start: float, end: float) -> dict:
+        """Median step seconds alone (steps wholly before `start` or after `end`) and during [start, end]."""
+        with self._done:
+            alone = [b - a for a, b, _ in self.steps if b <= start or a >= end]
+            during = [b - a for a, b, _ in self.steps if a >= start and b <= end]
+        out = {"steps_alone": len(alone), "steps_during": len(during)}
+        if alone and during:
+            a, d = statistics.median(alone), statistics.median(during)
+            out.update(step_s_alone=round(a, 3), step_s_during=round(d, 3), slowdown=round(d / a - 1, 4))
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+
 def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token: str, task, out: Path,
-              fault=None) -> dict:  # fmt: skip
+              fault=None, beside: TrainerBeside | None = None) -> dict:  # fmt: skip
     """One rollout phase of `episodes` at `concurrency` in flight; the figures (see the module docstring).
-    fault: called args.kill_at seconds into the phase (kills one engine and one sandbox server)."""
+    fault: called args.kill_at seconds into the phase (kills one engine and one sandbox server).
+    beside: the trainer running in this process (its steps' CPU is not counted as the controller's)."""
     from swe_megatron.config.schema import RunConfig
     from swe_megatron.pipeline.metrics import rollout_metrics
     from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
@@ -174,7 +252,8 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
     monitor = Monitor(out / "tb", progress=False)
     base = Probe.sample()
     children0 = _children_cpu()
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, t0, mono0 = time.process_time(), time.perf_counter(), time.monotonic()
+    trainer_cpu0 = beside.cpu_s() if beside is not None else 0.0
     timer = threading.Timer(args.kill_at, fault) if fault is not None and args.kill_at > 0 else None
     if timer is not None:
         timer.start()
@@ -193,6 +272,10 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         monitor.close()
         sandboxes.close()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    if beside is not None:  # the steps that ended in the phase; one running at its end is counted at its end
+        cpu -= beside.cpu_s() - trainer_cpu0
+        beside.wait_steps(args.trainer_steps)
+        trainer = {"turns_per_s": round(stats.turns / wall, 2), **beside.figures(mono0, mono0 + wall)}
     if rollouts.provenance is not None:
         rollouts.provenance.close()  # its workers exit and are waited for: their CPU time counts below
     workers_cpu = _children_cpu() - children0
@@ -248,6 +331,7 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         "exit_reasons": dict(stats.exit_reasons),
         "prewarm": stats.prewarm,
         "ms_per_turn_by_phase": {k: round(1000 * v / turns, 1) for k, v in sorted(stats.seconds.items())},
+        **({"trainer_beside": trainer} if beside is not None else {}),
     }
 
 
@@ -268,6 +352,12 @@ def main(argv: list[str] | None = None) -> None:
                    "engine and one sandbox server (the first of each still alive); 0: no fault")  # fmt: skip
     p.add_argument("--provenance-workers", type=int, default=0,
                    help="agent.provenance_workers: processes for the provenance checks (0: episode threads)")  # fmt: skip
+    p.add_argument("--trainer-core", type=int, default=-1,
+                   help="async mode's trainer in this process (TrainerBeside): its thread pinned to this core, "
+                        "everything else to the other cores; its step time alone and during each level "
+                        "(-1: no trainer)")  # fmt: skip
+    p.add_argument("--trainer-steps", type=int, default=6,
+                   help="with --trainer-core: steps alone before and after each level")  # fmt: skip
     p.add_argument("--json", default="", help="write the figures here")
     p.add_argument(
         "--work",
@@ -285,6 +375,16 @@ def main(argv: list[str] | None = None) -> None:
     why = sandbox_servers.missing()
     if why:
         sys.exit(f"sim_scale: {why}")
+    beside = None
+    if args.trainer_core >= 0:
+        cores = os.sched_getaffinity(0)
+        if args.trainer_core not in cores or len(cores) < 2:
+            sys.exit(f"sim_scale: --trainer-core {args.trainer_core} must be one of this process's cores "
+                     f"{sorted(cores)}, and at least one other must be left for the rollouts")  # fmt: skip
+        os.sched_setaffinity(
+            0, cores - {args.trainer_core}
+        )  # inherited by every thread and process made next
+        beside = TrainerBeside(args.trainer_core).start()
     args.chat = ChatFormat(load_tokenizer("qwen2.5"))
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="sim-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -307,11 +407,15 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
 
+            if beside is not None:
+                beside.wait_steps(args.trainer_steps)
             r = run_level(level, episodes, args, standins, [s.url for s in servers], sandbox_servers.TOKEN, task,
-                          work / f"level-{level}", fault)  # fmt: skip
+                          work / f"level-{level}", fault, beside)  # fmt: skip
             print(json.dumps(r), flush=True)
             results.append(r)
     finally:
+        if beside is not None:
+            beside.stop()
         for s in servers:
             s.close()
         for sp in standins:

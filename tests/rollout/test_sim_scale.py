@@ -49,3 +49,17 @@ def test_64_episodes_in_flight_lose_one_engine_and_one_sandbox_server(tmp_path):
     assert r["sockets_peak"] <= 3 * 64 + 16, (
         r
     )  # kept connections: about one per episode in flight per server kind
+
+
+def test_the_trainer_beside_compares_the_steps_outside_a_phase_with_those_inside_it():
+    """--trainer-core: a step counts as alone only when wholly before or after the phase, as during it only
+    when wholly inside; one that straddles an edge counts for neither."""
+    import sim_scale
+
+    t = sim_scale.TrainerBeside(core=0)
+    t.steps = [(0, 1, 1), (1, 2, 1), (2.5, 3.5, 1), (4, 6, 2), (6, 8, 2), (9.5, 10.5, 1), (11, 12, 1)]
+    f = t.figures(3.0, 10.0)  # (2.5, 3.5) and (9.5, 10.5) straddle an edge
+    assert (f["steps_alone"], f["steps_during"]) == (3, 2), f
+    assert (f["step_s_alone"], f["step_s_during"], f["slowdown"]) == (1, 2, 1.0), f
+    assert t.cpu_s() == 9
+    assert "slowdown" not in sim_scale.TrainerBeside(core=0).figures(3.0, 10.0)
