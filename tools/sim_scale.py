@@ -156,10 +156,14 @@ class TrainerBeside:
     train steps of the embedded model (SFT loss, random trajectories: tools/bench_train_step.py) back to back
     on a thread pinned to one core, while this process's other threads, the stand-ins and the sandbox servers
     run on the other cores: what the rollouts can take from the trainer is the GIL, not its core (as on a head
-    node with cores to spare). figures() compares the steps before and after a phase with those inside it."""
+    node with cores to spare). figures() compares the steps before and after a phase with those inside it.
 
-    def __init__(self, core: int, trajectories: int = 4, length: int = 256):
-        self.core, self.shape = core, (trajectories, length)
+    separate=True is the control: the same steps in a process of their own (same core), which shares no GIL
+    with the rollouts; what slows it is the machine (shared caches, memory bandwidth, the hypervisor), so the
+    in-process slowdown less this one is what the GIL costs."""
+
+    def __init__(self, core: int, trajectories: int = 4, length: int = 256, separate: bool = False):
+        self.core, self.shape, self.separate = core, (trajectories, length), separate
         self.steps: list[tuple[float, float, float]] = []
         """(start, end, thread CPU seconds) of each step after the first (a warm-up)."""
         self._done = threading.Condition()
@@ -171,24 +175,27 @@ class TrainerBeside:
         self._thread.start()
         return self
 
+    def _record(self, step: tuple[float, float, float]) -> None:
+        with self._done:
+            self.steps.append(step)
+            self._done.notify_all()
+
     def _run(self) -> None:
         try:
-            os.sched_setaffinity(0, {self.core})  # this thread only (Linux: a thread's id)
-            import torch
-            from bench_train_step import megatron_trainer, sft_microbatches
-
-            from swe_megatron.train.step import LossSpec
-
-            torch.set_num_threads(1)
-            cfg, _, _, trainer = megatron_trainer("tiny-qwen2", 1024, 1_000_000)
-            mbs, _ = sft_microbatches(cfg.vocab_size, *self.shape, 1024)
-            trainer.train_step(mbs, LossSpec("sft"))  # warm-up
-            while not self._stop.is_set():
-                t0, c0 = time.monotonic(), time.thread_time()
-                trainer.train_step(mbs, LossSpec("sft"))
-                with self._done:
-                    self.steps.append((t0, time.monotonic(), time.thread_time() - c0))
-                    self._done.notify_all()
+            if not self.separate:
+                train_steps(self.core, self.shape, self._record, self._stop)
+                return
+            cmd = [sys.executable, __file__, "--train-steps-on", str(self.core), *map(str, self.shape)]
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+                for (
+                    line
+                ) in proc.stdout:  # "STEP start end cpu" (CLOCK_MONOTONIC is one clock for all processes)
+                    if line.startswith("STEP "):
+                        self._record(tuple(map(float, line.split()[1:])))
+                    if self._stop.is_set():
+                        proc.kill()
+                if proc.wait() and not self._stop.is_set():
+                    raise RuntimeError(f"the separate trainer process exited {proc.returncode}")
         except BaseException as e:  # reported by wait_steps, on the main thread
             self._error = e
             with self._done:
@@ -224,6 +231,25 @@ class TrainerBeside:
         self._thread.join(timeout=120)
 
 
+def train_steps(core: int, shape: tuple[int, int], record, stop: threading.Event | None = None) -> None:
+    """Megatron-Core SFT steps of the embedded model on `core` (this thread only), back to back until `stop`;
+    record((start, end, thread CPU seconds)) after each but the first (a warm-up)."""
+    os.sched_setaffinity(0, {core})  # the calling thread (Linux: a thread's id)
+    import torch
+    from bench_train_step import megatron_trainer, sft_microbatches
+
+    from swe_megatron.train.step import LossSpec
+
+    torch.set_num_threads(1)
+    cfg, _, _, trainer = megatron_trainer("tiny-qwen2", 1024, 1_000_000)
+    mbs, _ = sft_microbatches(cfg.vocab_size, *shape, 1024)
+    trainer.train_step(mbs, LossSpec("sft"))
+    while stop is None or not stop.is_set():
+        t0, c0 = time.monotonic(), time.thread_time()
+        trainer.train_step(mbs, LossSpec("sft"))
+        record((t0, time.monotonic(), time.thread_time() - c0))
+
+
 def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token: str, task, out: Path,
               fault=None, beside: TrainerBeside | None = None) -> dict:  # fmt: skip
     """One rollout phase of `episodes` at `concurrency` in flight; the figures (see the module docstring).
@@ -253,7 +279,8 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
     base = Probe.sample()
     children0 = _children_cpu()
     cpu0, t0, mono0 = time.process_time(), time.perf_counter(), time.monotonic()
-    trainer_cpu0 = beside.cpu_s() if beside is not None else 0.0
+    in_process = beside is not None and not beside.separate  # its steps' CPU is this process's
+    trainer_cpu0 = beside.cpu_s() if in_process else 0.0
     timer = threading.Timer(args.kill_at, fault) if fault is not None and args.kill_at > 0 else None
     if timer is not None:
         timer.start()
@@ -273,7 +300,7 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         sandboxes.close()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
     if beside is not None:  # the steps that ended in the phase; one running at its end is counted at its end
-        cpu -= beside.cpu_s() - trainer_cpu0
+        cpu -= beside.cpu_s() - trainer_cpu0 if in_process else 0.0
         beside.wait_steps(args.trainer_steps)
         trainer = {"turns_per_s": round(stats.turns / wall, 2), **beside.figures(mono0, mono0 + wall)}
     if rollouts.provenance is not None:
@@ -356,6 +383,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="async mode's trainer in this process (TrainerBeside): its thread pinned to this core, "
                         "everything else to the other cores; its step time alone and during each level "
                         "(-1: no trainer)")  # fmt: skip
+    p.add_argument("--trainer-separate", action="store_true",
+                   help="with --trainer-core: the control, the trainer in a process of its own (no shared GIL)")  # fmt: skip
     p.add_argument("--trainer-steps", type=int, default=6,
                    help="with --trainer-core: steps alone before and after each level")  # fmt: skip
     p.add_argument("--json", default="", help="write the figures here")
@@ -384,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(
             0, cores - {args.trainer_core}
         )  # inherited by every thread and process made next
-        beside = TrainerBeside(args.trainer_core).start()
+        beside = TrainerBeside(args.trainer_core, separate=args.trainer_separate).start()
     args.chat = ChatFormat(load_tokenizer("qwen2.5"))
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="sim-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -426,4 +455,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == [
+        "--train-steps-on"
+    ]:  # TrainerBeside(separate=True)'s child: CORE TRAJECTORIES LENGTH
+        core, n, length = map(int, sys.argv[2:5])
+        train_steps(core, (n, length), lambda step: print("STEP", *step, flush=True))
+    else:
+        main()
