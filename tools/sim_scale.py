@@ -385,6 +385,9 @@ def main(argv: list[str] | None = None) -> None:
                         "(-1: no trainer)")  # fmt: skip
     p.add_argument("--trainer-separate", action="store_true",
                    help="with --trainer-core: the control, the trainer in a process of its own (no shared GIL)")  # fmt: skip
+    p.add_argument("--switch-interval", type=float, default=0.0,
+                   help="sys.setswitchinterval for this process, seconds (0: Python's default, 0.005): how long "
+                        "a thread that holds the GIL keeps it while another waits")  # fmt: skip
     p.add_argument("--trainer-steps", type=int, default=6,
                    help="with --trainer-core: steps alone before and after each level")  # fmt: skip
     p.add_argument("--json", default="", help="write the figures here")
@@ -404,6 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     why = sandbox_servers.missing()
     if why:
         sys.exit(f"sim_scale: {why}")
+    if args.switch_interval > 0:
+        sys.setswitchinterval(args.switch_interval)
     beside = None
     if args.trainer_core >= 0:
         cores = os.sched_getaffinity(0)
