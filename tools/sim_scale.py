@@ -187,9 +187,8 @@ class TrainerBeside:
                 return
             cmd = [sys.executable, __file__, "--train-steps-on", str(self.core), *map(str, self.shape)]
             with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
-                for (
-                    line
-                ) in proc.stdout:  # "STEP start end cpu" (CLOCK_MONOTONIC is one clock for all processes)
+                # "STEP start end cpu" lines (CLOCK_MONOTONIC: one clock for all processes)
+                for line in proc.stdout:
                     if line.startswith("STEP "):
                         self._record(tuple(map(float, line.split()[1:])))
                     if self._stop.is_set():
@@ -407,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
     why = sandbox_servers.missing()
     if why:
         sys.exit(f"sim_scale: {why}")
+    if args.switch_interval < 0 or (args.trainer_separate and args.trainer_core < 0):
+        p.error("--switch-interval must be >= 0, and --trainer-separate needs --trainer-core")
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
     beside = None
@@ -415,9 +416,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.trainer_core not in cores or len(cores) < 2:
             sys.exit(f"sim_scale: --trainer-core {args.trainer_core} must be one of this process's cores "
                      f"{sorted(cores)}, and at least one other must be left for the rollouts")  # fmt: skip
-        os.sched_setaffinity(
-            0, cores - {args.trainer_core}
-        )  # inherited by every thread and process made next
+        # inherited by every thread and process made next
+        os.sched_setaffinity(0, cores - {args.trainer_core})
         beside = TrainerBeside(args.trainer_core, separate=args.trainer_separate).start()
     args.chat = ChatFormat(load_tokenizer("qwen2.5"))
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="sim-scale-"))
