@@ -184,26 +184,26 @@ class PromptJson:
         """The JSON array of prompt_ids without its brackets (b"1,2,3"). The session's own buffer: use it
         before the session's next call, which extends it."""
         ids = token_array(prompt_ids)
+        if not session:
+            return bytearray(_json_ids(ids))
         with self._lock:
             n, digest, text = self._sessions.get(session, (0, b"", None))
-        if session and text is not None and 0 < n <= len(ids) and _ids_digest(ids, n) == digest:
-            if len(ids) > n:
-                text += b"," + _json_ids(ids[n:])
-        else:
-            text = bytearray(_json_ids(ids))
-        if session:
-            with self._lock:
-                self._sessions[session] = (len(ids), _ids_digest(ids, len(ids)), text)
+        with memoryview(ids) as view:  # released on return: the ledger's array must stay extendable
+            held = hashlib.sha256(view[:n])  # the first n ids, extended below to the digest of them all
+            if text is not None and 0 < n <= len(ids) and held.digest() == digest:
+                if len(ids) > n:
+                    text += b"," + _json_ids(ids[n:])
+                held.update(view[n:])
+            else:
+                text, held = bytearray(_json_ids(ids)), hashlib.sha256(view)
+        with self._lock:
+            self._sessions[session] = (len(ids), held.digest(), text)
         return text
 
     def end(self, session: str) -> None:
         """Forget a session's prompt."""
         with self._lock:
             self._sessions.pop(session, None)
-
-
-def _ids_digest(ids: array, n: int) -> bytes:
-    return hashlib.sha256(memoryview(ids)[:n]).digest()
 
 
 def _json_ids(ids: array) -> bytes:

@@ -29,11 +29,13 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
         if t.excluded:
             kind = t.exit_reason.value if t.exit_reason.is_infra else "drift" if t.drifted else "grading"
             infra[kind] += 1
-    actions = [_actions(t).sum() for t in trajs]
-    lp_sum = sum(
-        float(np.frombuffer(t.logprobs, np.float32)[_actions(t)].sum(dtype=np.float64)) for t in valid
-    )
-    lp_n = sum(int(_actions(t).sum()) for t in valid)
+    masks = [_actions(t) for t in trajs]
+    actions = [int(m.sum()) for m in masks]
+    lp_sum, lp_n = 0.0, 0  # over the valid trajectories' action tokens
+    for t, m, a in zip(trajs, masks, actions):
+        if not t.excluded:
+            lp_sum += float(np.frombuffer(t.logprobs, np.float32)[m].sum(dtype=np.float64))
+            lp_n += a
     reward = sum(float(t.reward) for t in valid) / n
     penalty = sum(length_penalty(t.num_steps, t_max, l_thr) for t in valid) / n
     return {

@@ -159,12 +159,17 @@ def test_completions_reuse_one_kept_connection_and_send_each_prompt_exactly():
     assert eng.prompts.text("ep1", [3]) == b"3"
 
 
-def test_a_session_keeps_its_prompt_as_json_text_only_not_a_copy_of_the_ids():
+def test_a_session_keeps_its_prompt_as_json_text_only_not_a_copy_of_the_ids(monkeypatch):
     """At a thousand episodes of 131k tokens each byte a token matters: a session keeps its prompt's JSON
     (~7 bytes a token) and a digest, not a second copy of the ids (4 bytes a token) beside the ledger's."""
     import tracemalloc
 
+    from swe_megatron.engine import vllm
     from swe_megatron.engine.vllm import PromptJson
+
+    formatted = []  # how many ids each call formats: an extension formats only its new ones
+    json_ids = vllm._json_ids
+    monkeypatch.setattr(vllm, "_json_ids", lambda ids: formatted.append(len(ids)) or json_ids(ids))
 
     prompts, ids = PromptJson(), array("i", range(100_000, 200_000))
     tracemalloc.start()
@@ -177,6 +182,9 @@ def test_a_session_keeps_its_prompt_as_json_text_only_not_a_copy_of_the_ids():
     assert len(text) <= kept < len(text) + 100_000  # the ids' copy would be 400,000 bytes more
     ids.extend([7, 8])
     assert prompts.text("s", ids) == ",".join(map(str, ids)).encode()  # extended by ",7,8"
+    ids.append(9)
+    assert prompts.text("s", ids) == ",".join(map(str, ids)).encode()
+    assert formatted == [100_000, 2, 1]
     ids[0] = 5
     fresh = prompts.text("s", ids)
     assert fresh.startswith(b"5,100001,")  # not an extension: formatted afresh
