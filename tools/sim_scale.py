@@ -249,11 +249,49 @@ def train_steps(core: int, shape: tuple[int, int], record, stop: threading.Event
         record((t0, time.monotonic(), time.thread_time() - c0))
 
 
+class PhaseSpec:
+    """--rollout-process: what the rollout process (pipeline/rollout_process.py, as async training starts it)
+    needs to run the levels' phases; its worker returns each phase's figures and trajectories to this process,
+    the trainer's, as the pipeline's returns a unit's."""
+
+    def __init__(self, args, engine_urls: list[str], pool_urls: list[str], token: str, task):
+        self.args = {k: v for k, v in vars(args).items() if k != "chat"}
+        self.engine_urls, self.pool_urls, self.token, self.task = engine_urls, pool_urls, token, task
+
+    def build(self) -> PhaseWorker:
+        from swe_megatron.agent.tokens import ChatFormat
+        from swe_megatron.model.tokenizer import load_tokenizer
+
+        args = argparse.Namespace(**self.args, chat=ChatFormat(load_tokenizer("qwen2.5")))
+        return PhaseWorker(args, self)
+
+
+class PhaseWorker:
+    """The rollout process's side of --rollout-process (the interface of rollout_process.Worker)."""
+
+    rotations: list = []
+    gate = None
+
+    def __init__(self, args, spec: PhaseSpec):
+        self.args, self.spec = args, spec
+
+    def roll(self, level: int, episodes: int, out: Path) -> tuple[dict, list]:
+        trajs: list = []
+        standins = [argparse.Namespace(url=u) for u in self.spec.engine_urls]
+        r = run_level(level, episodes, self.args, standins, self.spec.pool_urls, self.spec.token, self.spec.task,
+                      out, keep=trajs)  # fmt: skip
+        return r, trajs
+
+    def close(self) -> None:
+        pass
+
+
 def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token: str, task, out: Path,
-              fault=None, beside: TrainerBeside | None = None) -> dict:  # fmt: skip
+              fault=None, beside: TrainerBeside | None = None, keep: list | None = None) -> dict:  # fmt: skip
     """One rollout phase of `episodes` at `concurrency` in flight; the figures (see the module docstring).
     fault: called args.kill_at seconds into the phase (kills one engine and one sandbox server).
-    beside: the trainer running in this process (its steps' CPU is not counted as the controller's)."""
+    beside: the trainer running in this process (its steps' CPU is not counted as the controller's).
+    keep: gets the phase's trajectories."""
     from swe_megatron.config.schema import RunConfig
     from swe_megatron.pipeline.metrics import rollout_metrics
     from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
@@ -298,6 +336,8 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         monitor.close()
         sandboxes.close()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    if keep is not None:
+        keep.extend(trajs)
     if beside is not None:  # the steps that ended in the phase; one running at its end is counted at its end
         cpu -= beside.cpu_s() - trainer_cpu0 if in_process else 0.0
         beside.wait_steps(args.trainer_steps)
@@ -357,6 +397,7 @@ def run_level(concurrency: int, episodes: int, args, standins, pool_urls, token:
         "exit_reasons": dict(stats.exit_reasons),
         "prewarm": stats.prewarm,
         "ms_per_turn_by_phase": {k: round(1000 * v / turns, 1) for k, v in sorted(stats.seconds.items())},
+        "phase_monotonic": [mono0, mono0 + wall],
         **({"trainer_beside": trainer} if beside is not None else {}),
     }
 
@@ -384,6 +425,9 @@ def main(argv: list[str] | None = None) -> None:
                         "(-1: no trainer)")  # fmt: skip
     p.add_argument("--trainer-separate", action="store_true",
                    help="with --trainer-core: the control, the trainer in a process of its own (no shared GIL)")  # fmt: skip
+    p.add_argument("--rollout-process", action="store_true",
+                   help="with --trainer-core: each level's rollouts in the rollout process async training runs "
+                        "them in (pipeline/rollout_process.py), the trainer in this process")  # fmt: skip
     p.add_argument("--switch-interval", type=float, default=0.0,
                    help="sys.setswitchinterval for this process, seconds (0: Python's default, 0.005): how long "
                         "a thread that holds the GIL keeps it while another waits")  # fmt: skip
@@ -406,8 +450,15 @@ def main(argv: list[str] | None = None) -> None:
     why = sandbox_servers.missing()
     if why:
         sys.exit(f"sim_scale: {why}")
-    if args.switch_interval < 0 or (args.trainer_separate and args.trainer_core < 0):
-        p.error("--switch-interval must be >= 0, and --trainer-separate needs --trainer-core")
+    apart = args.trainer_separate or args.rollout_process
+    if args.switch_interval < 0 or (apart and args.trainer_core < 0):
+        p.error(
+            "--switch-interval must be >= 0, and --trainer-separate and --rollout-process need --trainer-core"
+        )
+    if args.rollout_process and (args.trainer_separate or args.kill_at > 0):
+        p.error(
+            "--rollout-process runs the trainer in this process: not with --trainer-separate or --kill-at"
+        )
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
     beside = None
@@ -429,7 +480,17 @@ def main(argv: list[str] | None = None) -> None:
     slots = max(4, math.ceil(2.2 * max(args.levels) / args.sandbox_servers))
     servers = [sandbox_servers.SandboxServer(work, slots) for _ in range(args.sandbox_servers)]
     results = []
+    rollout_process = None
     try:
+        if args.rollout_process:
+            import sim_scale  # PhaseSpec by its module's name: the child has its own __main__
+
+            from swe_megatron.pipeline.rollout_process import RolloutProcess
+
+            spec = sim_scale.PhaseSpec(
+                args, [sp.url for sp in standins], [s.url for s in servers], sandbox_servers.TOKEN, task
+            )
+            rollout_process = RolloutProcess(spec, pythonpath=sys.path[:4])
         for level in args.levels:
             episodes = args.episodes_per_level or 2 * level
 
@@ -443,11 +504,22 @@ def main(argv: list[str] | None = None) -> None:
 
             if beside is not None:
                 beside.wait_steps(args.trainer_steps)
-            r = run_level(level, episodes, args, standins, [s.url for s in servers], sandbox_servers.TOKEN, task,
-                          work / f"level-{level}", fault, beside)  # fmt: skip
+            if rollout_process is not None:
+                r, trajs = rollout_process.roll(level, episodes, work / f"level-{level}")
+                del trajs  # received and unpickled here, in the trainer's process, as the pipeline's are
+                beside.wait_steps(args.trainer_steps)
+                r["trainer_beside"] = {
+                    "turns_per_s": r["turns_per_s"],
+                    **beside.figures(*r["phase_monotonic"]),
+                }
+            else:
+                r = run_level(level, episodes, args, standins, [s.url for s in servers], sandbox_servers.TOKEN,
+                              task, work / f"level-{level}", fault, beside)  # fmt: skip
             print(json.dumps(r), flush=True)
             results.append(r)
     finally:
+        if rollout_process is not None:
+            rollout_process.close()
         if beside is not None:
             beside.stop()
         for s in servers:

@@ -8,7 +8,6 @@ temporary files under `work_dir`, not /tmp.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from swe_megatron.model.hf_config import hf_config_dict
 from swe_megatron.model.hub import resolve_model_path
 from swe_megatron.model.tiny import save_tiny_checkpoint
 from swe_megatron.net import wait_healthy
+from swe_megatron.procfs import die_with_parent
 
 
 def server_command(
@@ -105,16 +105,6 @@ def wait_serving(url: str, proc, model_dir: str, timeout_s: float) -> str | None
     return None
 
 
-def die_with_parent() -> None:
-    """preexec_fn: own session/process group, and SIGKILL when the parent dies (even by SIGKILL).
-
-    The kernel's parent-death signal fires when the forking THREAD exits: start servers from a
-    long-lived thread (the driver's main thread).
-    """
-    os.setsid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _socket_dir(work_dir: Path) -> Path:
     # vLLM's ZMQ IPC sockets live here and a socket path holds at most 107 bytes (uuid names appended).
     rpc = work_dir / "rpc"
@@ -180,9 +170,6 @@ def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
     (work_dir / "tmp").mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     return env
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Rollouts ahead of the trainer (algo.max_staleness >= 1), and how long each side waits for the other.
 
-Rank 0 runs an RL iteration's rollouts on one background thread while every trainer rank updates on the
-previous iteration: the units i+1..i+k of a stage start when the trainer starts on unit i (their tasks are
+Rank 0 runs an RL iteration's rollouts while every trainer rank updates on the previous iteration, in a
+process of their own (pipeline/rollout_process.py: on threads of the trainer's process they slowed its steps
+through the GIL), one unit at a time, waited for by one background thread here: the units i+1..i+k of a stage start when the trainer starts on unit i (their tasks are
 sampled then, on the main thread, from the same seeded pool stream as the synchronous loop), and unit j's
 batch waits for its rollouts. Weight updates land between turns (engine/gate.py), so a trajectory's tokens
 are at most k updates behind the trainer when it is trained on; algo/staleness.py drops any that are not.
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from swe_megatron.engine.gate import VersionGate
+from swe_megatron.pipeline.rollout_process import RolloutProcess
 
 STOPPING = (
     "rollouts cancelled: the run is stopping (this unit was not committed and is rolled out again on resume)"
@@ -74,8 +76,34 @@ class Ahead:
         """Busy time of the rollouts, inline and ahead (engine idle fraction = 1 - busy / cycle)."""
         self.stage: str | None = None
         """The stage whose cycles the clock measures."""
+        self.process: RolloutProcess | None = None
+        """Async mode: the process the rollouts run in (pipeline/rollout_process.py), once started."""
         self._futures: dict[str, Future] = {}
         self._pool: ThreadPoolExecutor | None = None
+
+    def start_process(self, start: Callable[[], RolloutProcess]) -> None:
+        """Run every later rollout in the process start() starts (once; call it on the main thread)."""
+        if self.process is None:
+            self.process = start()
+
+    def pause(self) -> None:
+        """Hold back new turns here and in the rollout process, and wait for those in flight (a weight sync
+        follows)."""
+        if self.gate is not None:
+            self.gate.pause()
+        if self.process is not None:
+            try:
+                self.process.pause()
+            except BaseException:
+                self.gate.resume(None)
+                raise
+
+    def resume(self, version: int | None) -> None:
+        """Let turns run again, on `version` (None: the update failed; the version stays)."""
+        if self.gate is not None:
+            self.gate.resume(version)
+        if self.process is not None:
+            self.process.resume(version)
 
     def begin(self, stage: str) -> None:
         """Start measuring cycles anew at the first iteration of a stage (or of this attempt)."""
@@ -118,6 +146,9 @@ class Ahead:
         """Stop rollouts still in flight (their turns are refused; nothing of them is kept) and the thread."""
         if self._futures and self.gate is not None:
             self.gate.close(STOPPING)
+        if self.process is not None:  # it returns the unit in flight, its turns refused, then exits
+            self.process.close(STOPPING if self._futures else None)
+            self.process = None
         for fut in self._futures.values():
             fut.exception()  # wait; an error of rollouts nobody will train on is dropped with them
         self._futures.clear()

@@ -42,6 +42,7 @@ from swe_megatron.monitor.console import UnitClock
 from swe_megatron.pipeline.ahead import Ahead
 from swe_megatron.pipeline.eval import evaluate, model_name
 from swe_megatron.pipeline.metrics import rollout_metrics, train_metrics
+from swe_megatron.pipeline.rollout_process import RolloutProcess
 from swe_megatron.pipeline.run_dir import RunDir
 from swe_megatron.pipeline.spmd import World
 from swe_megatron.pipeline.topology import NullTopology, Topology
@@ -170,13 +171,13 @@ def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict
     t = time.perf_counter()
     # Rank 0 waits for the turns in flight (rollouts ahead) and holds new ones back; the other ranks wait in the
     # driver group (its timeout is long enough for a whole episode with agent.partial_rollouts=false).
-    ctx.world.lead(ctx.gate.pause)
+    ctx.world.lead(ctx.ahead.pause)
     try:
         report = sync.sync(ctx.trainer, ctx.topo.engine, hf if sync.reads_export else None)
     except BaseException:
-        ctx.gate.resume(None)
+        ctx.world.lead(ctx.ahead.resume, None)
         raise
-    ctx.gate.resume(ctx.run.step + 1)  # the version the commit will give these weights
+    ctx.world.lead(ctx.ahead.resume, ctx.run.step + 1)  # the version the commit will give these weights
     timings["weight_sync_s"] = time.perf_counter() - t
     t = time.perf_counter()
     # With broadcast the engines never read this export: it is the checkpoint's alone.
@@ -393,18 +394,23 @@ class Rolled:
 
 
 def _dapo_tasks(ctx: Context, stage_name: str, it: int, unit: str) -> tuple:
-    """Rank 0, main thread: (stage, tasks, the unit's fresh folder, trajectories its interrupted attempt left)."""
+    """Rank 0, main thread: (stage name, tasks, the unit's fresh folder, trajectories its interrupted attempt
+    left)."""
     cfg, stage = ctx.cfg, getattr(ctx.cfg, stage_name)
     left = ctx.run.unit_dir(unit) / "trajectories.jsonl"
     redone = sum(1 for _ in left.open(encoding="utf-8")) if left.exists() else 0
     d = ctx.run.unit_dir(unit, fresh=True)
     pool = _pool(ctx, stage_name)
     n = tasks_to_sample(stage.tasks_per_iteration, cfg.algo.oversample_factor, len(pool.active))
-    return stage, _sample(ctx, pool, n, it), d, redone
+    return stage_name, _sample(ctx, pool, n, it), d, redone
 
 
-def _roll(ctx: Context, stage, tasks: list[Task], unit_dir: Path, redone: int) -> Rolled:
-    """tasks x G rollouts of a unit (on the main thread, or on the rollout thread ahead of the trainer)."""
+def _roll(ctx: Context, stage_name: str, tasks: list[Task], unit_dir: Path, redone: int) -> Rolled:
+    """tasks x G rollouts of a unit: in the rollout process in async mode (pipeline/rollout_process.py; waited
+    for on the main thread, or on the thread ahead of the trainer), else here."""
+    if ctx.ahead.process is not None:
+        return Rolled(*ctx.ahead.process.roll(stage_name, tasks, unit_dir), redone)
+    stage = getattr(ctx.cfg, stage_name)
     return Rolled(*_rollouts(ctx, stage, tasks, stage.samples_per_task, unit_dir), redone)
 
 
@@ -422,6 +428,10 @@ def _dapo_batch(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
     trajectories at most max_staleness updates behind the trainer."""
     cfg, stage = ctx.cfg, getattr(ctx.cfg, stage_name)
     ctx.ahead.begin(stage_name)
+    if (
+        cfg.algo.max_staleness >= 1
+    ):  # started here, on the main thread (the child dies with its starting thread)
+        ctx.ahead.start_process(partial(RolloutProcess.for_run, ctx.rollouts, ctx.gate))
     t = time.perf_counter()
     rolled = ctx.ahead.take(unit) or ctx.ahead.run(_roll, ctx, *_dapo_tasks(ctx, stage_name, it, unit))
     waited = time.perf_counter() - t

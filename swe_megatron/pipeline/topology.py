@@ -33,12 +33,12 @@ from pathlib import Path
 
 from swe_megatron.agent.tokens import ChatFormat
 from swe_megatron.engine.base import EngineError
-from swe_megatron.engine.vllm_server import VllmServer, die_with_parent, engine_model_dir
+from swe_megatron.engine.vllm_server import VllmServer, engine_model_dir
 from swe_megatron.errors import stop_on_signal
 from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.net import free_port, port_or_free, wait_healthy
-from swe_megatron.procfs import proc_stat
+from swe_megatron.procfs import die_with_parent, proc_stat
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
 
 

@@ -21,7 +21,9 @@ On sandbox servers with limited slots a sandbox started ahead takes only a slot 
 need (agent.concurrency of them stay free for their own sandboxes and gradings) and never waits for one;
 without such a slot it is skipped (`RolloutStats.prewarm["skipped"]`) and the sandbox starts when needed.
 
-Concurrency model (all in the caller's process; rank 0 in training):
+Concurrency model (all in the caller's process: rank 0's in synchronous training, eval and the warm start; in
+async training (algo.max_staleness >= 1) the RL units' rollouts run in a process of their own, so that the
+trainer's process shares its GIL with none of this: pipeline/rollout_process.py):
 - `agent.concurrency` episode threads ("episode-N", one ThreadPoolExecutor per call) each run rollout_one for
   one job at a time: its sandbox start, every turn (a blocking generate() on the session's engine server, then
   a blocking sandbox exec), the provenance check, grading. Episodes in flight = agent.concurrency, bounded by

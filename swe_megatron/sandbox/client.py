@@ -62,6 +62,8 @@ class SandboxClient:
         """Socket timeout of requests other than exec (start copies a repository: allow for it)."""
         self.command_timeout_s = command_timeout_s
         """Timeout assumed for exec calls that give none (the server applies its own default)."""
+        self.token = token
+        """The server's bearer token (a second process opens its own sessions with it)."""
         self.session = secrets.token_hex(12)
         """This client's session id; the server stops the session's sandboxes when it goes away."""
         self._headers = {"Authorization": f"Bearer {token}", SESSION_HEADER: self.session}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -77,6 +78,13 @@ def _until_ahead(proc: subprocess.Popen, run_dir: Path, log: Path) -> str:
     return unit
 
 
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
 def _start(run_dir: Path, tasks: Path, log: Path) -> subprocess.Popen:
     with log.open("w") as out:
         return subprocess.Popen(_cmd(run_dir, tasks, *ASYNC), cwd=ROOT, env=_env(), stdout=out,
@@ -105,6 +113,14 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert killed_ahead not in _done(run_dir)
+    # The rollouts ran in a process of their own (pipeline/rollout_process.py), and it died with the run: no
+    # episode of it writes into the unit folder the resumed run starts afresh.
+    (child,) = map(int, re.findall(r"the RL rollouts run in process (\d+)", log2.read_text()))
+    assert child != proc.pid
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and "zombie" not in _proc_state(child):
+        assert time.monotonic() < deadline, f"the rollout process {child} outlived the killed run"
+        time.sleep(0.1)
 
     # 3. The engine's worker dies in the middle of the next broadcast (after 2 tensors; test-only fault injection,
     #    receiver_fault/): the run ends with the sync's one error, non-zero, and commits nothing more.

@@ -1,0 +1,141 @@
+"""pipeline/rollout_process.py: async mode's rollouts in a process of their own. The child is the real one
+(`python -m swe_megatron.pipeline.rollout_process`, its pipe, its VersionGate, its rotations); what it rolls out
+is a test worker (rollout_workers.py) behind a fake engine. test_async_e2e.py runs the real Rollouts through it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rollout_workers import ProbeSpec, rotation
+
+from swe_megatron.pipeline.ahead import STOPPING, Ahead
+from swe_megatron.pipeline.rollout_process import RolloutProcess, RolloutProcessError
+
+HERE = str(Path(__file__).resolve().parent)
+
+
+def _start(spec=None, rotations=()) -> RolloutProcess:
+    return RolloutProcess(spec or ProbeSpec(), rotations, pythonpath=[HERE])
+
+
+def test_rolls_run_in_another_process_in_order_and_their_errors_come_back_with_the_childs_traceback():
+    proc = _start()
+    try:
+        pid = proc.roll("pid")
+        assert pid != os.getpid() and pid == proc.proc.pid
+        results = []
+        threads = [
+            threading.Thread(target=lambda k=k: results.append(proc.roll("echo", k))) for k in range(3)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == [(0,), (1,), (2,)]
+        with pytest.raises(KeyError, match="no-such-task") as err:
+            proc.roll("raise", "no-such-task")
+        assert any("in the rollout process" in n and "rollout_workers.py" in n for n in err.value.__notes__)
+        assert proc.roll("echo", "after") == ("after",), "an error in one roll must not stop the next"
+    finally:
+        proc.close()
+    assert proc.proc.returncode == 0
+
+
+def test_a_child_that_dies_fails_the_roll_in_flight_and_every_later_call_with_its_exit_status():
+    proc = _start()
+    with pytest.raises(RolloutProcessError, match="exited with status 3"):
+        proc.roll("exit")
+    with pytest.raises(RolloutProcessError, match="exited with status 3"):
+        proc.pause()
+    proc.close()  # already gone: nothing to stop, no error
+
+
+def test_pause_waits_for_the_childs_turn_in_flight_and_resume_gives_later_turns_the_new_version():
+    proc = _start(ProbeSpec(turn_s=0.6, version=4))
+    try:
+        turns: list = []
+        roll = threading.Thread(target=lambda: turns.extend(proc.roll("turns", 3)))
+        roll.start()
+        time.sleep(0.3)  # the first turn is in flight
+        proc.pause()
+        paused_at = time.monotonic()
+        time.sleep(0.5)  # no turn may start while paused
+        proc.resume(5)
+        resumed_at = time.monotonic()
+        roll.join()
+    finally:
+        proc.close()
+    assert turns[0][1] <= paused_at, "pause returned while a turn was in flight"
+    assert turns[0][2] == 4
+    assert all(start >= resumed_at - 0.05 and version == 5 for start, _, version in turns[1:]), turns
+
+
+def test_servers_out_of_rotation_on_either_side_are_dropped_on_the_other():
+    engines, sandboxes = rotation("vLLM server", "e0", "e1"), rotation("sandbox server", "s0")
+    proc = _start(rotations=[engines, sandboxes])
+    try:
+        proc.roll("drop", "e1")  # an engine died under the child's episodes: its reply tells the parent
+        assert engines.dead == {1: "connection refused (seen by the other rollout process)"}
+        proc.pause()
+        sandboxes.drop(0, "gone")  # e.g. the weight sync dropped a server: resume tells the child
+        proc.resume(1)
+        assert proc.roll("dead") == {"vLLM server": ["e1"], "sandbox server": ["s0"]}
+    finally:
+        proc.close()
+
+
+def test_close_with_a_roll_in_flight_refuses_its_turns_and_returns_it():
+    ahead = Ahead()
+    ahead.start_process(lambda: _start(ProbeSpec(turn_s=0.2)))
+    ahead.submit("stage1:1", lambda: ahead.process.roll("turns", 10_000))
+    time.sleep(0.5)
+    t = time.monotonic()
+    ahead.close()
+    assert time.monotonic() - t < 10
+    assert ahead.process is None
+
+
+def test_close_ends_the_roll_in_flight_with_the_stopping_reason():
+    proc = _start(ProbeSpec(turn_s=0.1))
+    turns: list = []
+    roll = threading.Thread(target=lambda: turns.extend(proc.roll("turns", 10_000)))
+    roll.start()
+    time.sleep(0.4)
+    proc.close(STOPPING)
+    roll.join(timeout=10)
+    assert turns[-1] == ("refused", STOPPING) and len(turns) > 1
+
+
+def test_the_rollout_process_dies_with_the_trainers_process_even_by_sigkill(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {HERE!r})
+        from rollout_workers import ProbeSpec
+        from swe_megatron.pipeline.rollout_process import RolloutProcess
+        p = RolloutProcess(ProbeSpec(), pythonpath=[{HERE!r}])
+        print(p.proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)  # alive
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the rollout process outlived the trainer's process")
