@@ -19,12 +19,16 @@ Measured per level (episodes in flight = agent.concurrency), from this (the cont
   stand-ins' time and the sandbox's raw command time, per turn (all of the controller's work in the episode);
 - episodes/minute, turns, errors (infrastructure failures, drifted trajectories), mean and largest context;
 - with --trainer-core, async mode's trainer in this process (TrainerBeside): its median step alone and while
-  the rollouts run, the rollouts kept off its core, so the slowdown is what sharing the GIL costs it.
+  the rollouts run, the rollouts kept off its core. The rollouts run on this process's threads (what async
+  training did before pipeline/rollout_process.py: the slowdown is what sharing the GIL costs), or with
+  --rollout-process in the rollout process async training now starts (the phase's trajectories come back to
+  this process as a unit's do), or with --trainer-separate the trainer runs in a process of its own (the
+  control: what the machine costs any process beside the rollouts).
 
 Usage (root, bwrap and the sandbox user as for the sandbox tests; from the repo root):
     OMP_NUM_THREADS=1 .venv/bin/python tools/sim_scale.py --levels 64 256 1024 --json out.json
     OMP_NUM_THREADS=1 .venv/bin/python tools/sim_scale.py --levels 64 --episodes-per-level 64 --stage stage2
-    OMP_NUM_THREADS=1 .venv/bin/python tools/sim_scale.py --levels 1024 --trainer-core 0
+    OMP_NUM_THREADS=1 .venv/bin/python tools/sim_scale.py --levels 1024 --trainer-core 0 --rollout-process
 Each level runs `--episodes-per-level` episodes (default: 2 x the level) at that concurrency.
 """
 
@@ -151,8 +155,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 class TrainerBeside:
-    """Async mode's trainer beside the rollouts. With algo.max_staleness >= 1, rank 0 runs the rollouts on
-    threads of the trainer's own process (pipeline/ahead.py), so they share its GIL. This runs Megatron-Core
+    """Async mode's trainer beside the rollouts (algo.max_staleness >= 1: rank 0's rollouts run while it
+    trains; on threads of its process, sharing its GIL, unless in the rollout process). This runs Megatron-Core
     train steps of the embedded model (SFT loss, random trajectories: tools/bench_train_step.py) back to back
     on a thread pinned to one core, while this process's other threads, the stand-ins and the sandbox servers
     run on the other cores: what the rollouts can take from the trainer is the GIL, not its core (as on a head

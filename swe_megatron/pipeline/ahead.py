@@ -1,11 +1,12 @@
 """Rollouts ahead of the trainer (algo.max_staleness >= 1), and how long each side waits for the other.
 
-Rank 0 runs an RL iteration's rollouts while every trainer rank updates on the previous iteration, in a
-process of their own (pipeline/rollout_process.py: on threads of the trainer's process they slowed its steps
-through the GIL), one unit at a time, waited for by one background thread here: the units i+1..i+k of a stage start when the trainer starts on unit i (their tasks are
-sampled then, on the main thread, from the same seeded pool stream as the synchronous loop), and unit j's
-batch waits for its rollouts. Weight updates land between turns (engine/gate.py), so a trajectory's tokens
-are at most k updates behind the trainer when it is trained on; algo/staleness.py drops any that are not.
+Rank 0 runs an RL iteration's rollouts while every trainer rank updates on the previous iteration: the units
+i+1..i+k of a stage start when the trainer starts on unit i (their tasks are sampled then, on the main thread,
+from the same seeded pool stream as the synchronous loop), and unit j's batch waits for its rollouts. They run
+in a process of their own (pipeline/rollout_process.py; on threads of the trainer's process they slowed its
+steps through the GIL), one unit at a time, each waited for by one background thread here. Weight updates
+land between turns (engine/gate.py, in both processes), so a trajectory's tokens are at most k updates behind
+the trainer when it is trained on; algo/staleness.py drops any that are not.
 Nothing rolled out ahead is committed with an earlier unit: a stop or a crash leaves it uncommitted, and the
 next attempt rolls that unit out again (counted as redone).
 """
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from swe_megatron.engine.gate import VersionGate
-from swe_megatron.pipeline.rollout_process import RolloutProcess
+from swe_megatron.pipeline.rollout_process import RolloutProcess, RolloutProcessError
 
 STOPPING = (
     "rollouts cancelled: the run is stopping (this unit was not committed and is rolled out again on resume)"
@@ -103,7 +104,11 @@ class Ahead:
         if self.gate is not None:
             self.gate.resume(version)
         if self.process is not None:
-            self.process.resume(version)
+            try:
+                self.process.resume(version)
+            except RolloutProcessError:
+                if version is not None:
+                    raise  # else the failed update's own error is the one the run stops with
 
     def begin(self, stage: str) -> None:
         """Start measuring cycles anew at the first iteration of a stage (or of this attempt)."""

@@ -116,12 +116,12 @@ class Worker:
     def __init__(self, rollouts, gate: VersionGate, rotations: list):
         self.rollouts, self.gate, self.rotations = rollouts, gate, rotations
 
-    def roll(self, stage_name: str, tasks: list, unit_dir, samples: int | None = None):
-        """tasks x samples (default: the stage's samples_per_task) episodes at the stage's limits, graded, into
-        unit_dir; (trajectories, RolloutStats.time_split())."""
+    def roll(self, stage_name: str, tasks: list, unit_dir):
+        """tasks x the stage's samples_per_task episodes at its limits, graded, into unit_dir; (trajectories,
+        RolloutStats.time_split())."""
         r = self.rollouts
         stage = getattr(r.cfg, stage_name)
-        trajs, stats = r.run(tasks, samples or stage.samples_per_task, r.limits(stage), unit_dir)
+        trajs, stats = r.run(tasks, stage.samples_per_task, r.limits(stage), unit_dir)
         return trajs, stats.time_split()
 
     def close(self) -> None:
@@ -164,7 +164,11 @@ class RolloutProcess:
         """The rollout process of a run's Rollouts (see RolloutsSpec.of), in step with their rotations."""
         spec = RolloutsSpec.of(rollouts, gate)
         proc = cls(spec, [gate.engine.rotation, rollouts.sandboxes.rotation])
-        print(f"rollouts: async mode: the RL rollouts run in process {proc.proc.pid}", file=sys.stderr, flush=True)
+        print(
+            f"rollouts: async mode: the RL rollouts run in process {proc.proc.pid}",
+            file=sys.stderr,
+            flush=True,
+        )
         return proc
 
     def _call(self, op: str, *args) -> Future:
@@ -189,7 +193,11 @@ class RolloutProcess:
         except (EOFError, OSError):
             code = self.proc.wait()
             with self._lock:
-                self._gone = f"the rollout process (pid {self.proc.pid}) exited with status {code}"
+                self._gone = (
+                    f"the rollout process (pid {self.proc.pid}) exited with status {code} (its output is in this "
+                    "run's log; a negative status is the signal that killed it, e.g. -9 by the OOM killer): the "
+                    "unit is not committed; rerun to resume"
+                )
                 left, self._pending = list(self._pending.values()), {}
             for fut in left:
                 fut.set_exception(RolloutProcessError(self._gone))
@@ -226,15 +234,14 @@ def _serve(recv: Connection, send: Connection) -> None:
     def reply(n: int, ok: bool, value: Any) -> None:
         dead = dead_of(worker.rotations) if worker is not None else {}
         if not ok:
-            value.add_note(
+            where = (
                 f"in the rollout process (pid {os.getpid()}):\n{''.join(traceback.format_exception(value))}"
             )
             try:
+                value.add_note(where)
                 pickle.dumps(value)
-            except Exception:
-                value = RolloutProcessError(
-                    f"{value!r} (in the rollout process):\n{traceback.format_exception(value)}"
-                )
+            except Exception:  # noqa: BLE001 - an error that does not pickle goes back as its text
+                value = RolloutProcessError(f"{value!r} {where}")
         with lock:
             send.send((n, ok, value, dead))
 

@@ -175,9 +175,9 @@ def _checkpoint_and_sync(ctx: Context, unit: str, stage_name: str, timings: dict
     try:
         report = sync.sync(ctx.trainer, ctx.topo.engine, hf if sync.reads_export else None)
     except BaseException:
-        ctx.world.lead(ctx.ahead.resume, None)
+        ctx.ahead.resume(None)
         raise
-    ctx.world.lead(ctx.ahead.resume, ctx.run.step + 1)  # the version the commit will give these weights
+    ctx.ahead.resume(ctx.run.step + 1)  # the version the commit will give these weights
     timings["weight_sync_s"] = time.perf_counter() - t
     t = time.perf_counter()
     # With broadcast the engines never read this export: it is the checkpoint's alone.
@@ -428,9 +428,7 @@ def _dapo_batch(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
     trajectories at most max_staleness updates behind the trainer."""
     cfg, stage = ctx.cfg, getattr(ctx.cfg, stage_name)
     ctx.ahead.begin(stage_name)
-    if (
-        cfg.algo.max_staleness >= 1
-    ):  # started here, on the main thread (the child dies with its starting thread)
+    if cfg.algo.max_staleness >= 1:  # started on the main thread: the child dies with its starting thread
         ctx.ahead.start_process(partial(RolloutProcess.for_run, ctx.rollouts, ctx.gate))
     t = time.perf_counter()
     rolled = ctx.ahead.take(unit) or ctx.ahead.run(_roll, ctx, *_dapo_tasks(ctx, stage_name, it, unit))

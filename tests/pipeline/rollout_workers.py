@@ -7,6 +7,7 @@ and the servers' health probes; the process, its pipe, the gate and the rotation
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -50,6 +51,10 @@ class ProbeWorker(Worker):
             return args
         if op == "raise":
             raise KeyError(args[0])
+        if op == "unpicklable":
+            e = RuntimeError("holds a lock")
+            e.lock = threading.Lock()
+            raise e
         if op == "exit":
             os._exit(3)
         if op == "drop":  # an engine server dies under the child's episodes

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout_workers import ProbeSpec, rotation
+from rollout_workers import ProbeSpec, SlowEngine, rotation
 
+from swe_megatron.engine.gate import VersionGate
 from swe_megatron.pipeline.ahead import STOPPING, Ahead
 from swe_megatron.pipeline.rollout_process import RolloutProcess, RolloutProcessError
 
@@ -48,6 +49,32 @@ def test_rolls_run_in_another_process_in_order_and_their_errors_come_back_with_t
     finally:
         proc.close()
     assert proc.proc.returncode == 0
+
+
+def test_an_error_that_does_not_pickle_comes_back_as_its_text():
+    proc = _start()
+    try:
+        with pytest.raises(
+            RolloutProcessError, match=r"RuntimeError\('holds a lock'\) in the rollout process"
+        ):
+            proc.roll("unpicklable")
+    finally:
+        proc.close()
+
+
+def test_a_pause_the_rollout_process_cannot_take_leaves_the_trainers_gate_open():
+    gate = VersionGate(SlowEngine(0.0), 2)
+    ahead = Ahead(gate)
+    ahead.start_process(_start)
+    with pytest.raises(RolloutProcessError):
+        ahead.process.roll("exit")
+    with pytest.raises(RolloutProcessError, match="exited with status 3"):
+        ahead.pause()
+    assert gate.generate([1], 1).policy_version == 2  # not held back: the failed sync does not hang the run
+    ahead.resume(None)  # after a failed update: that update's error is the run's, not the child's
+    with pytest.raises(RolloutProcessError):
+        ahead.resume(3)  # after a good one the child must serve it: its absence is an error
+    ahead.close()
 
 
 def test_a_child_that_dies_fails_the_roll_in_flight_and_every_later_call_with_its_exit_status():
