@@ -182,7 +182,8 @@ class RolloutProcess:
         return fut
 
     def _read(self) -> None:
-        """Replies -> the futures of their requests; the child gone -> every request left fails."""
+        """Replies -> the futures of their requests; the child gone, or a reply that cannot be read (the child is
+        then stopped) -> every request left fails."""
         try:
             while True:
                 n, ok, value, dead = self._recv.recv()
@@ -192,15 +193,19 @@ class RolloutProcess:
                 fut.set_result(value) if ok else fut.set_exception(value)
         except (EOFError, OSError):
             code = self.proc.wait()
-            with self._lock:
-                self._gone = (
-                    f"the rollout process (pid {self.proc.pid}) exited with status {code} (its output is in this "
-                    "run's log; a negative status is the signal that killed it, e.g. -9 by the OOM killer): the "
-                    "unit is not committed; rerun to resume"
-                )
-                left, self._pending = list(self._pending.values()), {}
-            for fut in left:
-                fut.set_exception(RolloutProcessError(self._gone))
+            why = (
+                f"the rollout process (pid {self.proc.pid}) exited with status {code} (its output is in this run's "
+                "log; a negative status is the signal that killed it, e.g. -9 by the OOM killer)"
+            )
+        except Exception as e:  # noqa: BLE001 - e.g. a reply that does not unpickle here
+            self.proc.kill()
+            self.proc.wait()
+            why = f"a reply of the rollout process (pid {self.proc.pid}) could not be read ({e!r}); it was stopped"
+        with self._lock:
+            self._gone = f"{why}: the unit is not committed; rerun to resume"
+            left, self._pending = list(self._pending.values()), {}
+        for fut in left:
+            fut.set_exception(RolloutProcessError(self._gone))
 
     def roll(self, *args) -> Any:
         """worker.roll(*args) in the child, after the rolls asked before; its result (its error raised here)."""
@@ -287,7 +292,10 @@ def _serve(recv: Connection, send: Connection) -> None:
 
 def main(argv: list[str]) -> None:
     """python -m swe_megatron.pipeline.rollout_process FD_IN FD_OUT (started by RolloutProcess)."""
-    _serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
+    # This module's own classes by its name, not __main__'s, in what goes back (RolloutProcessError).
+    from swe_megatron.pipeline import rollout_process
+
+    rollout_process._serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ class ProbeWorker(Worker):
             e = RuntimeError("holds a lock")
             e.lock = threading.Lock()
             raise e
+        if op == "poison":
+            return Poison()
         if op == "exit":
             os._exit(3)
         if op == "drop":  # an engine server dies under the child's episodes
@@ -75,6 +77,17 @@ class ProbeWorker(Worker):
                 out.append((self.gate.engine.started, time.monotonic(), gen.policy_version))
             return out
         raise ValueError(op)
+
+
+def _refuse():
+    raise ValueError("this reply does not unpickle")
+
+
+class Poison:
+    """A reply the parent cannot unpickle."""
+
+    def __reduce__(self):
+        return _refuse, ()
 
 
 @dataclass

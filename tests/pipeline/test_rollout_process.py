@@ -62,6 +62,16 @@ def test_an_error_that_does_not_pickle_comes_back_as_its_text():
         proc.close()
 
 
+def test_a_reply_that_cannot_be_read_stops_the_child_and_fails_the_call_instead_of_hanging_it():
+    proc = _start()
+    with pytest.raises(RolloutProcessError, match="could not be read .*does not unpickle.*it was stopped"):
+        proc.roll("poison")
+    assert proc.proc.poll() is not None
+    with pytest.raises(RolloutProcessError):
+        proc.roll("pid")
+    proc.close()
+
+
 def test_a_pause_the_rollout_process_cannot_take_leaves_the_trainers_gate_open():
     gate = VersionGate(SlowEngine(0.0), 2)
     ahead = Ahead(gate)
