@@ -158,7 +158,9 @@ def test_the_rollout_process_dies_with_the_trainers_process_even_by_sigkill(tmp_
         sys.path.insert(0, {HERE!r})
         from rollout_workers import ProbeSpec
         from swe_megatron.pipeline.rollout_process import RolloutProcess
-        p = RolloutProcess(ProbeSpec(), pythonpath=[{HERE!r}])
+        p = RolloutProcess(ProbeSpec(turn_s=120), pythonpath=[{HERE!r}])
+        p._call("roll", "turns", 1)  # a turn of 120 s in flight: the child would outlive its pipe for it
+        time.sleep(0.5)
         print(p.proc.pid, flush=True)
         time.sleep(600)
     """)
