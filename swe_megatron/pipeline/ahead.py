@@ -96,7 +96,8 @@ class Ahead:
             try:
                 self.process.pause()
             except BaseException:
-                self.gate.resume(None)
+                if self.gate is not None:
+                    self.gate.resume(None)
                 raise
 
     def resume(self, version: int | None) -> None:
