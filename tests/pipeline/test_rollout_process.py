@@ -87,6 +87,16 @@ def test_a_pause_the_rollout_process_cannot_take_leaves_the_trainers_gate_open()
     ahead.close()
 
 
+def test_a_failed_pause_without_a_trainers_gate_raises_the_childs_error():
+    ahead = Ahead()  # no gate: e.g. a Context built without the driver's
+    ahead.start_process(_start)
+    with pytest.raises(RolloutProcessError):
+        ahead.process.roll("exit")
+    with pytest.raises(RolloutProcessError, match="exited with status 3"):
+        ahead.pause()
+    ahead.close()
+
+
 def test_a_child_that_dies_fails_the_roll_in_flight_and_every_later_call_with_its_exit_status():
     proc = _start()
     with pytest.raises(RolloutProcessError, match="exited with status 3"):
