@@ -23,6 +23,7 @@ unit folder that the resumed run starts afresh; its sandbox sessions end with it
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pickle
 import subprocess
@@ -153,10 +154,12 @@ class RolloutProcess:
         self._recv, self._send = Connection(parent_in, writable=False), Connection(parent_out, readable=False)
         self._lock = threading.Lock()
         self._pending: dict[int, Future] = {}
-        self._ids = iter(range(1, sys.maxsize))
+        self._ids = itertools.count(1)
         self._gone: str | None = None
         self._reader = threading.Thread(target=self._read, name="rollout-process-reader", daemon=True)
         self._reader.start()
+        # Pickled here and unpickled by the child's start(): a spec that does not unpickle there is an error
+        # reply, not a child dead in its receive loop.
         self._call("start", pickle.dumps(spec)).result()
 
     @classmethod
