@@ -94,17 +94,13 @@ class RolloutsSpec:
         """In the rollout process: the Rollouts over the same servers, behind a gate of its own."""
         from swe_megatron.agent.tokens import ChatFormat
         from swe_megatron.model.tokenizer import load_tokenizer
-        from swe_megatron.rollout.routing import RoutedEngine, SandboxPool, check_servers
+        from swe_megatron.rollout.routing import check_servers, policy_engine, run_sandboxes
         from swe_megatron.rollout.setup import Rollouts
 
         cfg = self.cfg
         chat = ChatFormat(load_tokenizer(cfg.model.tokenizer))
-        routed = RoutedEngine.vllm(
-            self.engines, "policy", cfg.sampling, [chat.eos_id], cfg.engine.request_timeout_s
-        )
-        pool = SandboxPool.connect(
-            self.sandbox_servers, self.token, command_timeout_s=cfg.sandbox.grade_timeout_s
-        )
+        routed = policy_engine(cfg, self.engines, chat.eos_id)
+        pool = run_sandboxes(cfg, self.sandbox_servers, self.token)
         drop_dead([routed.rotation, pool.rotation], self.dead)
         check_servers(routed, pool)
         gate = VersionGate(routed, self.version, per_episode=not cfg.agent.partial_rollouts)

@@ -39,7 +39,7 @@ from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.net import free_port, port_or_free, wait_healthy
 from swe_megatron.procfs import die_with_parent, proc_stat
-from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
+from swe_megatron.rollout.routing import RoutedEngine, SandboxPool, policy_engine, run_sandboxes
 
 
 def _start_time(pid: int) -> str | None:
@@ -161,10 +161,9 @@ class Topology:
         told to reload model_dir, or local servers started on it."""
         ecfg = self.cfg.engine
         self.chat = ChatFormat(load_tokenizer(self.cfg.model.tokenizer))
-        eos = [self.chat.eos_id]
         if self.rendezvous is not None and self.rendezvous.engines:
             urls = list(self.rendezvous.engines)
-            self.engine = RoutedEngine.vllm(urls, "policy", self.cfg.sampling, eos, ecfg.request_timeout_s)
+            self.engine = policy_engine(self.cfg, urls, self.chat.eos_id)
             self.engine.reload_weights(model_dir)  # they started on model.hf_path; serve this run's policy
             print(f"topology: {len(self.engine.urls)} vLLM server(s) of job {self.rendezvous.job_id}, serving "
                   f"{model_dir}", file=sys.stderr, flush=True)  # fmt: skip
@@ -181,9 +180,7 @@ class Topology:
         self._record()
         for s in self.servers:
             s.wait_healthy(timeout_s=600)
-        self.engine = RoutedEngine.vllm(
-            [s.url for s in self.servers], "policy", self.cfg.sampling, eos, ecfg.request_timeout_s
-        )
+        self.engine = policy_engine(self.cfg, [s.url for s in self.servers], self.chat.eos_id)
         return self.engine
 
     def stop_engines(self) -> None:
@@ -197,9 +194,7 @@ class Topology:
         """Sessions with the rendezvous' sandbox servers, or with a sandbox server subprocess started here."""
         if self.rendezvous is not None and self.rendezvous.sandbox_servers:
             rv = self.rendezvous
-            self.sandboxes = SandboxPool.connect(
-                rv.sandbox_servers, rv.token, command_timeout_s=self.cfg.sandbox.grade_timeout_s
-            )
+            self.sandboxes = run_sandboxes(self.cfg, rv.sandbox_servers, rv.token)
             print(f"topology: {len(self.sandboxes.rotation.live)} sandbox server(s) of job {rv.job_id}",
                   file=sys.stderr, flush=True)  # fmt: skip
             return self.sandboxes
@@ -225,5 +220,5 @@ class Topology:
             tail = (self.work_dir / "sandbox-server.log").read_text(errors="replace")[-2000:]
             raise EngineError(f"sandbox server on {url} {why}:\n{tail}")
         print(f"topology: sandbox server on {url} ready", file=sys.stderr, flush=True)
-        self.sandboxes = SandboxPool.connect([url], token, command_timeout_s=self.cfg.sandbox.grade_timeout_s)
+        self.sandboxes = run_sandboxes(self.cfg, [url], token)
         return self.sandboxes

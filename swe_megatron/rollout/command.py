@@ -26,7 +26,7 @@ from swe_megatron.errors import UsageError, output_folder
 from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
 from swe_megatron.monitor.console import library_warnings_to
-from swe_megatron.rollout.routing import RoutedEngine, SandboxPool
+from swe_megatron.rollout.routing import policy_engine, run_sandboxes
 from swe_megatron.tasks.load import load_tasks_for_command
 from swe_megatron.trajectory import Trajectory
 
@@ -51,9 +51,7 @@ def _rollout(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         sandboxes = None
         if rv is not None and rv.sandbox_servers:
-            sandboxes = SandboxPool.connect(
-                rv.sandbox_servers, rv.token, command_timeout_s=cfg.sandbox.grade_timeout_s
-            )
+            sandboxes = run_sandboxes(cfg, rv.sandbox_servers, rv.token)
             stack.callback(sandboxes.close)
         chat = ChatFormat(load_tokenizer(cfg.model.tokenizer))
         engine = _engine(cfg, args, tasks, out, stack, chat, rv.engines if rv is not None else ())
@@ -70,10 +68,7 @@ def _engine(cfg, args, tasks, out: Path, stack, chat, rendezvous_engines=()):
     if args.policy == "gold":
         return gold_policy(chat, tasks, cfg.sampling.max_tokens_per_turn, getattr(cfg, args.stage).t_max)
     if args.engine_url or rendezvous_engines:
-        return RoutedEngine.vllm(
-            args.engine_url or rendezvous_engines, "policy", cfg.sampling, [chat.eos_id],
-            cfg.engine.request_timeout_s,
-        )  # fmt: skip
+        return policy_engine(cfg, args.engine_url or rendezvous_engines, chat.eos_id)
     # lazy: torch, transformers (engine.vllm_server, engine.hf)
     from swe_megatron.engine.vllm_server import engine_model_dir
 
@@ -88,9 +83,7 @@ def _engine(cfg, args, tasks, out: Path, stack, chat, rendezvous_engines=()):
     servers = start_servers(model_dir, cfg.engine, out / "engines", stage.context_length)
     for s in servers:
         stack.callback(s.stop)
-    return RoutedEngine.vllm(
-        [s.url for s in servers], "policy", cfg.sampling, [chat.eos_id], cfg.engine.request_timeout_s
-    )
+    return policy_engine(cfg, [s.url for s in servers], chat.eos_id)
 
 
 def gold_policy(chat: ChatFormat, tasks, max_tokens: int, t_max: int) -> ScriptedPolicy:

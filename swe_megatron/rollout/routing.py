@@ -504,3 +504,14 @@ class RoutedEngine:
             with ThreadPoolExecutor(len(live)) as pool:
                 list(pool.map(reload, live))
         check_servers(self)
+
+
+def policy_engine(cfg, urls: Sequence[str], eos_id: int) -> RoutedEngine:
+    """The run's policy on the vLLM servers at urls, sampling as cfg.sampling says (cfg: a RunConfig)."""
+    return RoutedEngine.vllm(urls, "policy", cfg.sampling, [eos_id], cfg.engine.request_timeout_s)
+
+
+def run_sandboxes(cfg, urls: Sequence[str], token: str) -> SandboxPool:
+    """Sessions with the sandbox servers at urls; exec calls without a timeout allow for a grading's
+    (cfg.sandbox.grade_timeout_s; cfg: a RunConfig)."""
+    return SandboxPool.connect(urls, token, command_timeout_s=cfg.sandbox.grade_timeout_s)
