@@ -56,6 +56,7 @@ from swe_megatron.grading.exclusion import Phase, excludable, needs_control
 from swe_megatron.grading.sanitize import DroppedFile, sanitize_patch, task_test_paths
 from swe_megatron.grading.swebench_light import import_swebench_grading
 from swe_megatron.sandbox.base import Sandbox, SandboxError, SandboxServerLost, SandboxSpec
+from swe_megatron.tasks.plan import PlanError, plan_of
 from swe_megatron.tasks.schema import Task
 
 SandboxFactory = Callable[[SandboxSpec], Sandbox]
@@ -63,7 +64,6 @@ SandboxFactory = Callable[[SandboxSpec], Sandbox]
 
 RESOLVED, UNRESOLVED, EMPTY_PATCH, ERROR = "resolved", "unresolved", "empty_patch", "error"
 PYTEST_PARSERS = frozenset({"parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"})
-DEFAULT_LOG_PARSER = "parse_log_pytest"
 GRADE_DIR = ".git/swe_megatron_grade"
 """Harness files inside the sandbox's repository (git ignores .git; the sanitiser drops edits under it)."""
 _PLUGIN_SOURCE = Path(__file__).with_name("pytest_record.py")
@@ -174,39 +174,16 @@ class TaskGrading:
 
 
 def task_grading(task: Task) -> TaskGrading:
-    """Read a task's grading fields (Task.extra: repo_dir, env_dir, test_cmd, test_files, optional
-    log_parser, eval_type, image); repo_dir/env_dir must be absolute (tasks.load makes them so)."""
-    extra = task.extra or {}
-
-    def host_path(key: str) -> str | None:
-        value = extra.get(key)
-        if not value:
-            return None
-        if not Path(value).is_absolute():
-            raise TaskGradingError(
-                f"task {task.instance_id}: extra.{key} {value!r} is relative; load tasks with "
-                "swe_megatron.tasks.load (it resolves paths against the tasks file's folder)"
-            )
-        return str(value)
-
-    repo_dir, env_dir, image = host_path("repo_dir"), host_path("env_dir"), extra.get("image") or None
-    if repo_dir is None and image is None:
-        raise TaskGradingError(f"task {task.instance_id} has no extra.repo_dir (or extra.image) to grade in")
-    test_cmd = extra.get("test_cmd")
-    if not test_cmd or not isinstance(test_cmd, str):
-        raise TaskGradingError(f"task {task.instance_id} has no extra.test_cmd")
-    log_parser = extra.get("log_parser") or DEFAULT_LOG_PARSER
-    _, log_parsers, constants = import_swebench_grading()
-    if log_parser not in log_parsers.PARSER_REGISTRY:
-        raise TaskGradingError(f"task {task.instance_id}: unknown log parser {log_parser!r}")
-    eval_type = extra.get("eval_type") or constants.EvalType.PASS_AND_FAIL.value
+    """What grading needs from a task: its grading plan (Task.plan, made once when its row was loaded; tasks/plan.py
+    reads the row's fields) and the test files its test patch and test ids name."""
     try:
-        constants.EvalType(eval_type)
-    except ValueError:
-        raise TaskGradingError(f"task {task.instance_id}: unknown eval_type {eval_type!r}") from None
+        plan = plan_of(task)
+    except PlanError as e:
+        raise TaskGradingError(str(e)) from None
     try:
-        test_files = list(extra.get("test_files") or [])
-        protected = task_test_paths(task.test_patch, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS], test_files)
+        protected = task_test_paths(
+            task.test_patch, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS], plan.test_files
+        )
         existing = [
             pf.source_file[2:] if pf.source_file.startswith("a/") else pf.source_file
             for pf in PatchSet(_with_newline(task.test_patch))
@@ -214,15 +191,15 @@ def task_grading(task: Task) -> TaskGrading:
         ]
     except Exception as e:
         raise TaskGradingError(f"task {task.instance_id}: test_patch does not parse: {e}") from None
-    require_record = log_parser in PYTEST_PARSERS and extra.get("harness_record", True) is not False
+    require_record = plan.log_parser in PYTEST_PARSERS and plan.harness_record
     files = [t.split("::", 1)[0] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS] if "::" in t]
     # A command that selects node ids or filters by -k would not collect the canaries (false "tampered").
-    selects = re.search(r"::|(^|\s)-k(\s|=|$)", test_cmd) is not None
+    selects = re.search(r"::|(^|\s)-k(\s|=|$)", plan.test_cmd) is not None
     return TaskGrading(
-        spec=SandboxSpec(repo_dir=repo_dir or "", env_dir=env_dir, image=image),
-        test_cmd=test_cmd,
-        log_parser=log_parser,
-        eval_type=eval_type,
+        spec=plan.sandbox_spec(),
+        test_cmd=plan.command,
+        log_parser=plan.log_parser,
+        eval_type=plan.eval_type,
         require_record=require_record,
         protected=protected,
         existing_test_files=sorted(set(existing)),

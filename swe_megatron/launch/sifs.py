@@ -3,9 +3,11 @@
     swe-megatron build-sifs data/swe-rebench/train.parquet --sif-dir /shared/sifs --jobs 8
     swe-megatron build-sifs tasks.jsonl --sif-dir /shared/sifs --tmp-dir /local/scratch --force
 
-Each task's image is its docker_image (SWE-rebench), else SWE-bench's published name
-`swebench/sweb.eval.x86_64.<instance_id>:latest`, lower-cased, with "__" written "_1776_". The SIF is
-`sif_name(image)` in the folder: the apptainer sandbox backend opens `sandbox.sif_dir/<that name>`.
+Each task's image is `tasks.plan.task_image`: the row's `image` (SWE-bench 5.x), else its `docker_image`
+(SWE-rebench), else SWE-bench's published name `swebench/sweb.eval.x86_64.<instance_id>:latest` (lower-cased,
+"__" written "_1776_"), with ":latest" added where a reference names no tag; tasks of this project in a local
+repository have none. The SIF is `tasks.plan.sif_name(image)` in the folder: the grading plan of each task names
+the same file, and the apptainer sandbox backend opens `sandbox.sif_dir/<that name>`.
 
 A build runs `apptainer build OUT.partial docker://IMAGE` and renames the result into place, so a SIF
 that exists is complete; existing SIFs are skipped (unless --force). SIF_DIR/manifest.json records every
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -29,22 +30,12 @@ from pathlib import Path
 
 from swe_megatron.atomic_write import write_atomic
 from swe_megatron.launch.slurm_env import LaunchError
+from swe_megatron.tasks.plan import normal_image, sif_name, task_image
+
+__all__ = ["SifBuilder", "SifRecord", "build_command", "sif_name", "task_image"]
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
-
-
-def task_image(task) -> str:
-    """The environment image of a task: docker_image, else SWE-bench's naming for its instance_id."""
-    if getattr(task, "docker_image", ""):
-        return task.docker_image
-    key = f"sweb.eval.x86_64.{task.instance_id}:latest".lower()
-    return "swebench/" + key.replace("__", "_1776_")
-
-
-def sif_name(image: str) -> str:
-    """File name of an image's SIF: the reference with '/', ':' and '@' made file-safe, plus .sif."""
-    return re.sub(r"[/:@]", "_", image.removeprefix("docker://")) + ".sif"
 
 
 @dataclass
@@ -71,7 +62,7 @@ class SifRecord:
 
 def build_command(apptainer: str, image: str, out: Path) -> list[str]:
     """The apptainer command that builds image into out."""
-    return [apptainer, "build", "--force", str(out), f"docker://{image.removeprefix('docker://')}"]
+    return [apptainer, "build", "--force", str(out), f"docker://{normal_image(image)}"]
 
 
 class SifBuilder:
@@ -149,7 +140,7 @@ class SifBuilder:
 
     def build_all(self, images: list[str], progress=print) -> list[SifRecord]:
         """Build every distinct image with `jobs` builds at once; returns their records in input order."""
-        unique = list(dict.fromkeys(images))
+        unique = list(dict.fromkeys(map(normal_image, images)))  # "r/i" and "r/i:latest": one image, one SIF
         with ThreadPoolExecutor(self.jobs) as pool:
             results = []
             for rec in pool.map(self.build_one, unique):

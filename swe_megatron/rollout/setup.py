@@ -23,6 +23,7 @@ from swe_megatron.rollout.rollouts import GradeOutcome, Grader, RolloutSetup, Ro
 from swe_megatron.rollout.routing import SandboxPool, check_servers
 from swe_megatron.sandbox import make_sandbox
 from swe_megatron.sandbox.base import Sandbox, SandboxSpec
+from swe_megatron.tasks.plan import plan_of
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import Trajectory
 
@@ -44,9 +45,10 @@ def spec_factory(cfg: SandboxConfig, sandboxes: SandboxPool | None = None) -> Sp
 
 
 def sandbox_factory(cfg: SandboxConfig, sandboxes: SandboxPool | None = None) -> Callable[[Task], Sandbox]:
-    """Task -> a new sandbox made from the task's repo_dir and env_dir (see spec_factory for where)."""
+    """Task -> a new sandbox made as the task's grading plan says (tasks/plan.py: its repository and environment,
+    or its image; see spec_factory for where)."""
     fresh = spec_factory(cfg, sandboxes)
-    return lambda task: fresh(SandboxSpec(repo_dir=task.extra["repo_dir"], env_dir=task.extra.get("env_dir")))
+    return lambda task: fresh(plan_of(task).sandbox_spec())
 
 
 def grading_sandbox_factory(

@@ -8,7 +8,9 @@ Sources:
 FAIL_TO_PASS / PASS_TO_PASS may be lists or JSON strings of lists (as SWE-bench publishes them); `meta`
 may be a dict or a JSON string. Fields outside the SWE-bench schema are kept in Task.extra. Relative paths in
 extra (repo_dir, env_dir) are taken from the tasks file's folder (made absolute here, the only place).
-A malformed row raises TaskFormatError naming the file, the line (or row) and the field.
+A malformed row raises TaskFormatError naming the file, the line (or row) and the field. Each loaded task gets
+its grading plan here (tasks/plan.py: Task.plan), or the one line saying why it cannot be graded (Task.plan_problem),
+which the commands that grade report before any work starts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from swe_megatron.atomic_write import write_atomic
 from swe_megatron.errors import UsageError
+from swe_megatron.tasks.plan import PlanError, make_plan
 from swe_megatron.tasks.schema import Task
 
 HUB_PREFIX = "hf://datasets/"
@@ -35,7 +38,8 @@ OPTIONAL_TEXT = (
     "docker_image",
 )
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
-TASK_FIELDS = {f.name for f in dataclasses.fields(Task)}
+ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Task) if f.init)
+"""The fields a tasks file holds (the plan is made again when it is read)."""
 
 
 class TaskFormatError(ValueError):
@@ -68,6 +72,7 @@ def load_tasks(source: str | os.PathLike, *, hub_timeout_s: float = 10.0) -> lis
     for where, row in rows:
         task = task_from_row(row, where)
         _resolve_paths(task, path.parent)
+        attach_plan(task)
         if task.instance_id in seen:
             raise TaskFormatError(
                 f"{where}: field 'instance_id': {task.instance_id!r} repeats {seen[task.instance_id]}"
@@ -99,7 +104,7 @@ def task_from_row(row: Any, where: str = "row") -> Task:
     values["meta"] = _mapping(row.get("meta"), "meta", where)
     extra = _mapping(row.get("extra"), "extra", where)
     for key, value in row.items():
-        if key not in TASK_FIELDS:
+        if key not in ROW_FIELDS:
             extra.setdefault(key, _plain(value))
     values["extra"] = extra
     return Task(**values)
@@ -113,11 +118,21 @@ def _resolve_paths(task: Task, folder: Path) -> None:
             task.extra[key] = str((folder / value).resolve())
 
 
-def load_tasks_for_command(source: str | os.PathLike, max_tasks: int | None = None) -> list[Task]:
+def attach_plan(task: Task) -> None:
+    """Make the task's grading plan (Task.plan), or record in one line why its row cannot be graded."""
+    try:
+        task.plan, task.plan_problem = make_plan(task), ""
+    except PlanError as e:
+        task.plan, task.plan_problem = None, str(e)
+
+
+def load_tasks_for_command(
+    source: str | os.PathLike, max_tasks: int | None = None, *, gradable: bool = True
+) -> list[Task]:
     """load_tasks for a command's task-file argument, the first max_tasks (None: all). One UsageError, before
     any work starts, for a source that cannot be read, holds a malformed row or no task at all, a max_tasks
-    below 1, or a task whose local repository or environment (extra.repo_dir / env_dir) is not there (a tasks
-    file moved away from the folders next to it)."""
+    below 1, a task whose local repository or environment (extra.repo_dir / env_dir) is not there (a tasks
+    file moved away from the folders next to it), or (gradable) a task whose row cannot be graded."""
     if max_tasks is not None and max_tasks < 1:
         raise UsageError(
             f"--max-tasks {max_tasks} is invalid; allowed: an integer >= 1 (omit it for all tasks)"
@@ -145,12 +160,19 @@ def load_tasks_for_command(source: str | os.PathLike, max_tasks: int | None = No
             f"tasks file {source}: {len(missing)} local folder(s) are missing, e.g. {iid}'s {key} {path}; "
             "keep the tasks file next to the folders it names (relative paths are read from its folder)"
         )
+    bad = [t.plan_problem for t in tasks if gradable and t.plan is None]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UsageError(
+            f"tasks file {source}: {len(bad)} of {len(tasks)} tasks cannot be graded{more}: {bad[0]}"
+        )
     return tasks
 
 
 def write_tasks(tasks: list[Task], path: str | os.PathLike) -> None:
     """Write tasks as JSONL (FAIL_TO_PASS/PASS_TO_PASS as lists), atomically (temp file, then rename)."""
-    write_atomic(path, "".join(json.dumps(dataclasses.asdict(t), ensure_ascii=False) + "\n" for t in tasks))
+    rows = ({f: getattr(t, f) for f in ROW_FIELDS} for t in tasks)
+    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 # -- fields ---------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from swe_megatron.tasks.plan import GradingPlan
 
 
 @dataclass
@@ -40,3 +43,8 @@ class Task:
     """SWE-rebench metadata, e.g. {"llm_score": {"difficulty_score": ..., "issue_text_score": ..., "test_score": ...}}."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields of this project (e.g. the local repository path, test command) kept with the row."""
+    plan: GradingPlan | None = field(default=None, init=False, repr=False, compare=False)
+    """How the task is graded (tasks.plan), made once when its row is loaded; None for a row that cannot be
+    graded (plan_problem says why) or a Task built in code (tasks.plan.make_plan makes one when needed)."""
+    plan_problem: str = field(default="", init=False, repr=False, compare=False)
+    """Why the row cannot be graded (one line), "" when it can."""

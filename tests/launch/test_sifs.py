@@ -34,9 +34,12 @@ def test_image_names_follow_swebench_and_rebench():
         == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
     )
     assert task_image(_task("Owner__Repo-7")) == "swebench/sweb.eval.x86_64.owner_1776_repo-7:latest"
-    assert (
+    assert (  # SWE-rebench's docker_image names no tag: apptainer pulls ":latest", and so does the SIF's name
         task_image(_task("x__y-1", "swerebench/sweb.eval.x86_64.x_1776_y-1"))
-        == "swerebench/sweb.eval.x86_64.x_1776_y-1"
+        == "swerebench/sweb.eval.x86_64.x_1776_y-1:latest"
+    )
+    assert sif_name("swerebench/sweb.eval.x86_64.x_1776_y-1") == sif_name(
+        "docker://swerebench/sweb.eval.x86_64.x_1776_y-1:latest"
     )
     assert (
         sif_name("swebench/sweb.eval.x86_64.a_1776_b-1:latest")

@@ -1,0 +1,393 @@
+"""One grading plan per task, made once where its row is read: this project's `TestSpec`.
+
+    plan = make_plan(task)     # GradingPlan, or PlanError with one line saying why the row cannot be graded
+    plan = plan_of(task)       # the plan made when the row was loaded (Task.plan), or a new one
+    plan.sandbox_spec()        # where the agent works and the tests run
+    plan.command               # what the eval script runs at plan.workdir: environment, then the tests
+
+SWE-bench's harness builds one `TestSpec` per row (swebench 5.0.2 `harness/utils.py` `make_test_spec`) and
+every later step reads that object; here `tasks/load.py` calls `make_plan` for each row it reads and the
+grader, the rollouts and `build-sifs` read the plan. Three kinds of row, told apart by what they carry:
+
+  swebench     SWE-bench 5.x (Verified, Lite, full): `image`, `eval_script`, `log_parser`, `eval_type`. The
+               eval script is read, not run: the lines that activate the image's environment (`source
+               /opt/miniconda3/bin/activate`, `conda activate testbed`, `cd /testbed`, exports, the install
+               step) and the test command between its ">>>>> Start/End Test Output" markers are kept; its
+               own test-file reset, test-patch heredoc and informational git commands are dropped because
+               the grader does those itself (grading/eval_script.py). The files its reset names are the
+               test files.
+  swe-rebench  nebius/SWE-rebench: `docker_image` and `install_config` (`test_cmd`, `log_parser`, optional
+               `install`, `eval_commands`), run as the SWE-rebench fork of SWE-bench's harness does
+               (`swebench/harness/test_spec/python.py` `make_eval_script_list_py` there): conda env
+               `testbed`, the repository at /testbed, `test_cmd` followed by the test files the test patch
+               touches (swebench's NON_TEST_EXTS left out).
+  project      this project's rows (`swe-megatron make-tasks`): `extra.test_cmd` with a local repository
+               (`extra.repo_dir`, `extra.env_dir`) or a SIF (`extra.image`), optional `extra.test_files`,
+               `extra.log_parser`, `extra.eval_type`, `extra.harness_record`.
+
+A row with only `version` (SWE-bench before 5.x) cannot be graded here: swebench 5.0.2 no longer ships the
+per-repository specs (MAP_REPO_VERSION_TO_SPECS) that turned a version into a test command.
+
+Images: a row's `image`, else its `docker_image`, else (a SWE-bench row) swebench's own instance image name
+(`swebench.task.checks.expected_image`). `sif_name` is the one mapping of an image to its SIF file name:
+`build-sifs` writes `sandbox.sif_dir/<sif_name(image)>` and the apptainer backend opens that file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swe_megatron.sandbox.base import SandboxSpec
+
+WORKDIR = "/testbed"
+"""Where SWE-bench and SWE-rebench images keep the repository."""
+CONDA_ACTIVATE = ("source /opt/miniconda3/bin/activate", "conda activate testbed")
+"""How SWE-bench's and SWE-rebench's images activate the task environment (their eval scripts' first lines)."""
+DEFAULT_LOG_PARSER = "parse_log_pytest"
+"""The parser of this project's rows that name none (they run pytest)."""
+
+
+class PlanError(ValueError):
+    """A row that cannot be graded; the message is one line saying why and what would fix it."""
+
+
+@dataclass(frozen=True)
+class GradingPlan:
+    """How one task is set up and graded, made once from its row (see the module docstring)."""
+
+    source: str
+    """Which kind of row it came from: swebench, swe-rebench or project."""
+    test_cmd: str
+    """The test command, run at workdir after env_setup (it names the test files to run, where the row does)."""
+    log_parser: str
+    """swebench parser name (harness.log_parsers.PARSER_REGISTRY) that reads the test command's output."""
+    eval_type: str
+    """swebench EvalType value (pass_and_fail, fail_only)."""
+    image: str = ""
+    """Docker reference of the task image ("" for a task in a local repository)."""
+    sif: str = ""
+    """The image's SIF: a file name under sandbox.sif_dir (sif_name(image)), or a path given by the row."""
+    repo_dir: str = ""
+    """Host path of the task's repository (project rows; "" when the image holds it at workdir)."""
+    env_dir: str | None = None
+    """Host path of the task's Python environment (project rows on bwrap/local), else None."""
+    workdir: str = WORKDIR
+    """Where the repository is inside the sandbox."""
+    env_setup: tuple[str, ...] = ()
+    """Shell lines run before the tests, in the same shell: the image's environment activation and install."""
+    test_files: tuple[str, ...] = ()
+    """Test files the row names (the eval script's test-file reset, or extra.test_files): protected from the
+    model's patch and restored before the tests."""
+    harness_record: bool = True
+    """For pytest parsers: the harness's own record of outcomes must agree with the log (grading/grader.py)."""
+
+    @property
+    def command(self) -> str:
+        """What the eval script runs at workdir: env_setup (its output discarded: the log parser reads only
+        the tests' output, as SWE-bench's markers make it), then test_cmd."""
+        if not self.env_setup:
+            return self.test_cmd
+        setup = "\n".join(self.env_setup)
+        return f"{{\n{setup}\n}} >/dev/null 2>&1 </dev/null\n{self.test_cmd}"
+
+    def sandbox_spec(self) -> SandboxSpec:
+        """The sandbox this task is worked on and graded in."""
+        return SandboxSpec(
+            repo_dir=self.repo_dir, env_dir=self.env_dir, image=self.sif or None, workdir=self.workdir
+        )
+
+
+def normal_image(image: str) -> str:
+    """A docker reference as `apptainer build docker://` reads it: no docker:// prefix, ":latest" when it names
+    neither a tag nor a digest (so "r/i" and "r/i:latest" are one image and one SIF)."""
+    ref = image.strip().removeprefix("docker://")
+    last = ref.rsplit("/", 1)[-1]
+    return ref if (":" in last or "@" in last) else f"{ref}:latest"
+
+
+def sif_name(image: str) -> str:
+    """File name of an image's SIF in sandbox.sif_dir: the normal reference with '/', ':' and '@' made
+    file-safe, plus .sif (what build-sifs writes and the apptainer backend opens)."""
+    return re.sub(r"[/:@]", "_", normal_image(image)) + ".sif"
+
+
+def swebench_image(instance_id: str) -> str:
+    """SWE-bench's published image name for an instance (swebench.task.checks.expected_image)."""
+    from swebench.task.checks import expected_image
+
+    return expected_image(instance_id)
+
+
+def task_image(task: Any) -> str:
+    """The docker image a task runs in, normalised: the row's `image`, else `docker_image`, else SWE-bench's
+    name for its instance id; "" for a task of this project in a local repository (nothing to build)."""
+    extra = task.extra or {}
+    given = _text_field(extra, "image") if not _is_sif_path(extra.get("image")) else ""
+    given = given or task.docker_image
+    if given:
+        return normal_image(given)
+    if extra.get("repo_dir") or extra.get("image"):
+        return ""
+    return normal_image(swebench_image(task.instance_id))
+
+
+def make_plan(task: Any) -> GradingPlan:
+    """The grading plan of a loaded task (tasks.schema.Task); PlanError (one line) when the row cannot be graded."""
+    extra = task.extra or {}
+    if extra.get("eval_script"):
+        plan = _swebench_plan(task, extra)
+    elif extra.get("install_config"):
+        plan = _rebench_plan(task, extra)
+    elif "test_cmd" in extra or extra.get("repo_dir"):
+        plan = _project_plan(task, extra)
+    else:
+        raise PlanError(
+            f"task {task.instance_id} has nothing to grade with: no eval_script (SWE-bench 5.x rows), "
+            "install_config (SWE-rebench rows) or extra.test_cmd (this project's rows); a row with only "
+            f"`version` ({task.version or 'none here'}) needs swebench's per-repository specs, which swebench "
+            "5.0.2 no longer ships: download the dataset again (its current rows carry eval_script)"
+        )
+    _check_names(task.instance_id, plan.log_parser, plan.eval_type)
+    return plan
+
+
+def plan_of(task: Any) -> GradingPlan:
+    """The task's plan: the one made when its row was loaded (Task.plan), else (a Task built in code) a new one;
+    PlanError when its row cannot be graded."""
+    if task.plan is not None:
+        return task.plan
+    if task.plan_problem:
+        raise PlanError(task.plan_problem)
+    return make_plan(task)
+
+
+# -- the three kinds of row -----------------------------------------------------------------------------
+
+
+def _swebench_plan(task: Any, extra: dict) -> GradingPlan:
+    where = f"task {task.instance_id}"
+    setup, test_cmd, test_files = read_eval_script(
+        _text_field(extra, "eval_script", where), task.base_commit, where
+    )
+    log_parser = _text_field(extra, "log_parser", where)
+    if not log_parser:
+        _missing(where, "log_parser", "SWE-bench 5.x rows")
+    image = task_image(task)
+    return GradingPlan(
+        source="swebench",
+        test_cmd=test_cmd,
+        log_parser=log_parser,
+        eval_type=_text_field(extra, "eval_type", where) or "pass_and_fail",
+        image=image,
+        sif=sif_name(image),
+        env_setup=tuple(setup),
+        test_files=tuple(test_files),
+    )
+
+
+def _rebench_plan(task: Any, extra: dict) -> GradingPlan:
+    where = f"task {task.instance_id}"
+    config = extra["install_config"]
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as e:
+            raise PlanError(
+                f"{where}: install_config is a string that is not a JSON object ({e.msg})"
+            ) from None
+    if not isinstance(config, dict):
+        raise PlanError(f"{where}: install_config is {type(config).__name__}, not an object")
+    test_cmd = config.get("test_cmd")
+    if isinstance(test_cmd, list):
+        raise PlanError(
+            f"{where}: install_config.test_cmd is a list (SWE-rebench-V2's format, repository at /<repo>): "
+            "only SWE-rebench rows (one test_cmd string, repository at /testbed) are supported"
+        )
+    if not isinstance(test_cmd, str) or not test_cmd.strip():
+        _missing(where, "install_config.test_cmd", "SWE-rebench rows")
+    parser = config.get("log_parser")
+    if not isinstance(parser, str) or not parser:
+        _missing(where, "install_config.log_parser", "SWE-rebench rows")
+    image = task_image(task)
+    setup = [
+        *CONDA_ACTIVATE,
+        f"cd {WORKDIR}",
+        *_lines(config.get("eval_commands")),
+        *_lines(config.get("install")),
+    ]
+    files = test_directives(task.repo, task.test_patch, where)
+    return GradingPlan(
+        source="swe-rebench",
+        test_cmd=" ".join([test_cmd.strip(), *(shlex.quote(f) for f in files)]),
+        log_parser=parser,
+        eval_type="pass_and_fail",
+        image=image,
+        sif=sif_name(image),
+        env_setup=tuple(setup),
+        test_files=tuple(_changed_files(task.test_patch, where)),
+    )
+
+
+def _project_plan(task: Any, extra: dict) -> GradingPlan:
+    where = f"task {task.instance_id}"
+    test_cmd = _text_field(extra, "test_cmd", where)
+    if not test_cmd:
+        raise PlanError(f"{where} has no extra.test_cmd")
+    repo_dir, env_dir = _host_path(extra, "repo_dir", where), _host_path(extra, "env_dir", where)
+    given = _text_field(extra, "image", where)
+    image = "" if not given or _is_sif_path(given) else normal_image(given)
+    sif = sif_name(image) if image else given
+    if not repo_dir and not sif:
+        raise PlanError(f"{where} has extra.test_cmd but no extra.repo_dir (or extra.image) to grade in")
+    files = extra.get("test_files") or []
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise PlanError(f"{where}: extra.test_files must be a list of paths")
+    return GradingPlan(
+        source="project",
+        test_cmd=test_cmd,
+        log_parser=_text_field(extra, "log_parser", where) or DEFAULT_LOG_PARSER,
+        eval_type=_text_field(extra, "eval_type", where) or "pass_and_fail",
+        image=image,
+        sif=sif,
+        repo_dir=repo_dir,
+        env_dir=env_dir or None,
+        test_files=tuple(files),
+        harness_record=extra.get("harness_record", True) is not False,
+    )
+
+
+# -- reading the rows' scripts --------------------------------------------------------------------------
+
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1\s*$")
+_DROPPED = (
+    re.compile(r"^#!"),
+    re.compile(r"^set -[a-z]+( pipefail)?$"),
+    re.compile(r"^git (status|show)$"),
+    re.compile(r"^git -c core\.fileMode=false diff\b"),
+    re.compile(r"^git config --global --add safe\.directory\b"),
+)
+
+
+def read_eval_script(script: str, base_commit: str, where: str = "row") -> tuple[list[str], str, list[str]]:
+    """(environment lines, test command, test files) of a SWE-bench eval script (swebench's eval.sh shape:
+    setup, `git checkout BASE FILES` reset, test patch as a heredoc, the test command between the
+    ">>>>> Start/End Test Output" markers, the reset again). PlanError when it has no such markers."""
+    start, end = _markers()
+    setup: list[str] = []
+    tests: list[str] | None = None
+    files: list[str] = []
+    heredoc = None
+    reset = f"git checkout {base_commit} "
+    for raw in script.splitlines():
+        line = raw.strip()
+        if heredoc is not None:
+            heredoc = None if line == heredoc else heredoc
+            continue
+        if match := _HEREDOC.search(line):
+            heredoc = match.group(2)  # the test patch: the grader applies it itself
+            continue
+        if start in line:
+            tests = []
+        elif end in line:
+            break
+        elif tests is not None:
+            if line:
+                tests.append(raw)
+        elif line.startswith(reset):
+            files += shlex.split(line[len(reset) :])
+        elif line and not line.startswith("#") and not any(p.search(line) for p in _DROPPED):
+            setup.append(line)
+    if not tests:
+        raise PlanError(
+            f"{where}: eval_script has no test command between the '{start}' and '{end}' markers "
+            "(swebench 5.x eval scripts have both)"
+        )
+    return setup, "\n".join(tests), files
+
+
+def test_directives(repo: str, test_patch: str, where: str = "row") -> list[str]:
+    """The test files a SWE-rebench test command is followed by (the fork's get_test_directives): files the
+    test patch adds or changes, without swebench's NON_TEST_EXTS; django's as dotted module names."""
+    from swe_megatron.grading.swebench_light import import_swebench_grading
+
+    non_test = tuple(import_swebench_grading()[2].NON_TEST_EXTS)
+    files = [f for f in _changed_files(test_patch, where) if not f.endswith(non_test)]
+    if repo == "django/django":
+        files = [f.removesuffix(".py").removeprefix("tests/").replace("/", ".") for f in files]
+    return files
+
+
+def _changed_files(test_patch: str, where: str) -> list[str]:
+    """Files a patch adds or changes (not the ones it deletes), in patch order."""
+    from unidiff import PatchSet
+
+    if not test_patch.strip():
+        return []
+    try:
+        return [pf.path for pf in PatchSet(test_patch if test_patch.endswith("\n") else test_patch + "\n")
+                if not pf.is_removed_file]  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - unidiff raises several types for a malformed diff
+        raise PlanError(f"{where}: test_patch does not parse ({type(e).__name__}: {e})") from None
+
+
+# -- fields ---------------------------------------------------------------------------------------------
+
+
+def _markers() -> tuple[str, str]:
+    from swe_megatron.grading.swebench_light import import_swebench_grading
+
+    c = import_swebench_grading()[2]
+    return c.START_TEST_OUTPUT, c.END_TEST_OUTPUT
+
+
+def _check_names(instance_id: str, log_parser: str, eval_type: str) -> None:
+    from swe_megatron.grading.swebench_light import import_swebench_grading
+
+    _, parsers, constants = import_swebench_grading()
+    if log_parser not in parsers.PARSER_REGISTRY:
+        raise PlanError(
+            f"task {instance_id}: unknown log parser {log_parser!r} (not one of the installed swebench's "
+            f"{len(parsers.PARSER_REGISTRY)} parsers, harness.log_parsers.PARSER_REGISTRY)"
+        )
+    allowed = [e.value for e in constants.EvalType]
+    if eval_type not in allowed:
+        raise PlanError(f"task {instance_id}: unknown eval_type {eval_type!r}; allowed: {', '.join(allowed)}")
+
+
+def _text_field(extra: dict, key: str, where: str = "row") -> str:
+    value = extra.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PlanError(f"{where}: {key} is {type(value).__name__}, not a string")
+    return value
+
+
+def _missing(where: str, key: str, kind: str) -> None:
+    raise PlanError(f"{where}: {key} is missing (it is part of {kind})")
+
+
+def _host_path(extra: dict, key: str, where: str) -> str:
+    value = _text_field(extra, key, where)
+    if value and not Path(value).is_absolute():
+        raise PlanError(
+            f"{where}: extra.{key} {value!r} is relative; load tasks with swe_megatron.tasks.load "
+            "(it resolves paths against the tasks file's folder)"
+        )
+    return value
+
+
+def _is_sif_path(value: Any) -> bool:
+    """extra.image of this project's rows names a SIF file (a path or a .sif name), not a docker reference."""
+    return isinstance(value, str) and (value.endswith(".sif") or value.startswith("/"))
+
+
+def _lines(value: Any) -> list[str]:
+    if not value:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
