@@ -393,8 +393,8 @@ def test_what_grading_reads_from_a_task():
     """An image instead of a repository; protected: every file the test patch touches; the test files that
     exist at base_commit (a patch's a/ prefix stripped, or none); the canary file: the first test id's file,
     also for a class's method and a single id."""
-    image = task_grading(make_task(repo_dir=None, image="swe/calc:1")).spec
-    assert (image.repo_dir, image.env_dir, image.image) == ("", None, "swe/calc:1")
+    image = task_grading(make_task(repo_dir=None, image="swe/calc:1")).spec  # the SIF build-sifs writes for it
+    assert (image.repo_dir, image.env_dir, image.image) == ("", None, "swe_calc_1.sif")
     fixture = diff(("tests/fixtures.json", None, "{}\n"))
     prefixless = "--- tests/test_basic.py\n+++ tests/test_basic.py\n@@ -1 +1 @@\n-a\n+b\n"
     tg = task_grading(replace(make_task(), test_patch=TEST_PATCH + fixture + prefixless))
