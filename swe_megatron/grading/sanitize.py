@@ -22,7 +22,7 @@ a protected file is dropped too):
 - modules at the repository root that would shadow the test runner (``pytest.py``, ``_pytest/``,
   ``pluggy/``, ...) or a standard-library module (``python -m pytest`` puts the root first on sys.path);
 - anything outside the repository (absolute paths, ``..``), binary patches, symlinks, submodules,
-  and edits that make a file executable.
+  edits that make a file executable, and file modes that are not six octal digits.
 
 A patch that does not parse is graded as an empty patch with the reason recorded: a model outcome,
 never an infrastructure error. Extended git header lines other than the known ones are not copied
@@ -68,6 +68,7 @@ _GIT_HEADER_LINE = re.compile(
     r"^(diff --git |index [0-9a-f]+\.\.[0-9a-f]+|(old|new|deleted file|new file) mode \d+$"
     r"|(dis)?similarity index \d+%$|(rename|copy) (from|to) )"
 )
+_MODE = re.compile(r"[0-7]{6}")
 _HEADER_PATH = re.compile(r"^(rename|copy) (from|to) (.*)$")
 # Added lines that reach into the test runner or end the process; reported for monitoring, not acted on.
 _SUSPICIOUS = re.compile(r"\b_?pytest\b|\bPYTEST_|os\._exit\b|\bpluggy\b")
@@ -193,6 +194,9 @@ def _drop_reason(pf: PatchedFile, protected: set[str]) -> str | None:
         return "symlink"
     if pf.is_submodule:
         return "submodule"
+    # git writes a mode as six octal digits; unidiff takes any digits ("100999"), which int(_, 8) refuses.
+    if any(mode and not _MODE.fullmatch(mode) for mode in (pf.source_mode, pf.target_mode)):
+        return "invalid file mode"
     if pf.target_mode and pf.target_mode != pf.source_mode and int(pf.target_mode, 8) & 0o111:
         return "makes a file executable"
     paths = _candidate_paths(pf)

@@ -10,8 +10,9 @@ What it reads is untrusted: the walk never follows a symlink (os.fwalk with dir 
 O_NOFOLLOW | O_NONBLOCK), reads regular files only, stops after MAX_ENTRIES entries, and gives up (the empty
 patch) once the diff passes `max_bytes`, like the in-sandbox diff. Left out, as git's text diff leaves them out
 or as the sanitiser would drop them: .git, bytecode (__pycache__, *.pyc/*.pyo), binary files (a NUL byte or
-not UTF-8), symlinks, and new paths the pristine repository's .gitignore ignores (`git check-ignore`, run on
-the pristine repository only).
+not UTF-8), symlinks, paths git would quote (control characters, `"`, backslash: a newline in a file name
+would otherwise write header lines of the agent's choosing), and new paths the pristine repository's .gitignore
+ignores (`git check-ignore`, run on the pristine repository only).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 MAX_ENTRIES = 200_000
 """Files and folders the walk of one tree visits at most (an agent can create millions of empty files)."""
 _SKIP_DIRS = frozenset({".git", "__pycache__"})
+_QUOTED = re.compile(r'[\x00-\x1f\x7f"\\]')
+"""Characters git quotes a path for (C-style, in double quotes); the sanitiser drops such paths anyway."""
 
 
 class TooLarge(Exception):
@@ -54,6 +57,9 @@ def host_diff(pristine: str | os.PathLike, workspace: str | os.PathLike, max_byt
         out: list[str] = []
         size = 0
         for rel in sorted((set(before) & set(after)) | set(before) - set(after) | set(added)):
+            if _QUOTED.search(rel):  # git would quote it; written bare it could add header lines of its own
+                log.warning("the host-side diff of %s leaves out the path %r", workspace, rel)
+                continue
             old, new = before.get(rel), after.get(rel)
             if old is not None and new is not None and old.digest == new.digest:
                 continue  # same content (a mode change alone is not carried)
