@@ -193,8 +193,9 @@ def task_grading(task: Task) -> TaskGrading:
         raise TaskGradingError(f"task {task.instance_id}: test_patch does not parse: {e}") from None
     require_record = plan.log_parser in PYTEST_PARSERS and plan.harness_record
     files = [t.split("::", 1)[0] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS] if "::" in t]
-    # A command that selects node ids or filters by -k would not collect the canaries (false "tampered").
-    selects = re.search(r"::|(^|\s)-k(\s|=|$)", plan.test_cmd) is not None
+    # A command that selects node ids or filters by -k would not collect the canaries (false "tampered"); a
+    # warning filter's "::" (SWE-rebench's `-W ignore::DeprecationWarning`) selects nothing.
+    selects = re.search(r"\.py::|(^|\s)-k(\s|=|$)", plan.test_cmd) is not None
     return TaskGrading(
         spec=plan.sandbox_spec(),
         test_cmd=plan.command,

@@ -18,9 +18,10 @@ grader, the rollouts and `build-sifs` read the plan. Three kinds of row, told ap
                test files.
   swe-rebench  nebius/SWE-rebench: `docker_image` and `install_config` (`test_cmd`, `log_parser`, optional
                `install`, `eval_commands`), run as the SWE-rebench fork of SWE-bench's harness does
-               (`swebench/harness/test_spec/python.py` `make_eval_script_list_py` there): conda env
-               `testbed`, the repository at /testbed, `test_cmd` followed by the test files the test patch
-               touches (swebench's NON_TEST_EXTS left out).
+               (`swebench/harness/test_spec/python.py` `make_eval_script_list_py` and `harness/utils.py`
+               `_clean_install_config` there): conda env `testbed`, the repository at /testbed, install and
+               `test_cmd` under LANG=C.UTF-8, the test command followed by the test files the test patch
+               adds or changes (swebench's NON_TEST_EXTS left out).
   project      this project's rows (`swe-megatron make-tasks`): `extra.test_cmd` with a local repository
                (`extra.repo_dir`, `extra.env_dir`) or a SIF (`extra.image`), optional `extra.test_files`,
                `extra.log_parser`, `extra.eval_type`, `extra.harness_record`.
@@ -48,6 +49,8 @@ WORKDIR = "/testbed"
 """Where SWE-bench and SWE-rebench images keep the repository."""
 CONDA_ACTIVATE = ("source /opt/miniconda3/bin/activate", "conda activate testbed")
 """How SWE-bench's and SWE-rebench's images activate the task environment (their eval scripts' first lines)."""
+UTF8 = "LANG=C.UTF-8 LC_ALL=C.UTF-8"
+"""The locale SWE-rebench's harness runs a row's install and test commands under."""
 DEFAULT_LOG_PARSER = "parse_log_pytest"
 """The parser of this project's rows that name none (they run pytest)."""
 
@@ -214,16 +217,13 @@ def _rebench_plan(task: Any, extra: dict) -> GradingPlan:
     if not isinstance(parser, str) or not parser:
         _missing(where, "install_config.log_parser", "SWE-rebench rows")
     image = task_image(task)
-    setup = [
-        *CONDA_ACTIVATE,
-        f"cd {WORKDIR}",
-        *_lines(config.get("eval_commands")),
-        *_lines(config.get("install")),
-    ]
+    # As the fork's load_swebench_dataset (_clean_install_config) runs them: under a UTF-8 locale.
+    install = [f"{UTF8} {line}" for line in _lines(config.get("install"))]
+    setup = [*CONDA_ACTIVATE, f"cd {WORKDIR}", *_lines(config.get("eval_commands")), *install]
     files = test_directives(task.repo, task.test_patch, where)
     return GradingPlan(
         source="swe-rebench",
-        test_cmd=" ".join([test_cmd.strip(), *(shlex.quote(f) for f in files)]),
+        test_cmd=" ".join([f"{UTF8} {test_cmd.strip()}", *(shlex.quote(f) for f in files)]),
         log_parser=parser,
         eval_type="pass_and_fail",
         image=image,

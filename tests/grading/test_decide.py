@@ -244,6 +244,7 @@ def test_empty_and_unparseable_patches_are_empty_not_errors(tmp_path, patch, rea
         ("python -m pytest tests/test_clamp.py::test_clamp_high", False),
         ("python -m pytest -k clamp tests", False),
         ("python -m pytest -k=clamp tests", False),
+        ("pytest -W ignore::DeprecationWarning tests", True),  # SWE-rebench's test_cmd: a filter, no node id
     ],
 )
 def test_canaries_only_where_the_command_collects_whole_files(tmp_path, test_cmd, canaries):
