@@ -9,7 +9,9 @@ SWE-rebench rows and fork harness (install_config with None for unset keys, dock
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -334,3 +336,42 @@ def test_sif_names_agree_for_every_spelling_of_an_image():
     assert sif_name("r/i") == sif_name("r/i:latest") == sif_name("docker://r/i:latest") == "r_i_latest.sif"
     assert sif_name("reg:5000/r/i") == "reg_5000_r_i_latest.sif"  # a registry port is not a tag
     assert sif_name("r/i@sha256:ab") == "r_i_sha256_ab.sif"
+
+
+def test_build_sifs_and_the_apptainer_backend_agree_for_both_datasets(tmp_path, capsys, monkeypatch):
+    """Rows of SWE-bench 5.x (`image`), SWE-bench without an image (swebench's own instance image name) and
+    SWE-rebench (`docker_image`, no tag): `build-sifs` builds each image once and the apptainer backend opens
+    the SIF each task's grading plan names in sandbox.sif_dir."""
+    from swe_megatron.cli import main
+    from swe_megatron.config.schema import SandboxConfig
+    from swe_megatron.sandbox.apptainer import ApptainerSandbox
+
+    registry = tmp_path / "registry.json"  # the apptainer stand-in's registry: only these images exist
+    monkeypatch.setenv(
+        "PATH", f"{Path(__file__).parents[1] / 'fake_apptainer'}{os.pathsep}{os.environ['PATH']}"
+    )
+    monkeypatch.setenv("FAKE_APPTAINER_REGISTRY", str(registry))
+
+    rows = [
+        verified_row(),
+        {k: v for k, v in verified_row(instance_id="django__django-11133").items() if k != "image"},
+        rebench_row(),
+        rebench_row(
+            instance_id="0b01001001__spectree-65", docker_image=rebench_row()["docker_image"] + ":latest"
+        ),
+    ]
+    images = {
+        "swebench/sweb.eval.x86_64.django_1776_django-11099:latest": {},
+        "swebench/sweb.eval.x86_64.django_1776_django-11133:latest": {},
+        "swerebench/sweb.eval.x86_64.0b01001001_1776_spectree-64:latest": {},
+    }
+    registry.write_text(json.dumps(images))
+    path, sif_dir = tmp_path / "rows.jsonl", tmp_path / "sifs"
+    write_jsonl(path, rows)
+    assert main(["build-sifs", str(path), "--sif-dir", str(sif_dir)]) == 0
+    assert "3 image(s) for 4 task(s): 3 built" in capsys.readouterr().out
+    cfg = SandboxConfig(sif_dir=str(sif_dir))
+    for task in load_tasks(path):
+        opened = ApptainerSandbox(task.plan.sandbox_spec(), cfg)._image()
+        assert opened == str((sif_dir / task.plan.sif).resolve())
+        assert json.loads(Path(opened).read_text())["source"] == task.plan.image
