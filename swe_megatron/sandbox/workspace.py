@@ -272,6 +272,11 @@ class Workspace:
 
         disk_mb > 0: `repo` is a tmpfs of that size (root only; elsewhere a warning, and only the per-file
         limit holds), so the copy and everything the sandbox writes there share one cap."""
+        if not repo_dir:  # Path("") is the current folder: never copy that in its place
+            raise SandboxError(
+                "SandboxSpec.repo_dir is empty: the task's repository is in its image at /testbed, and running a "
+                "task from its image's own repository is not implemented yet (issue 39 item 2)"
+            )
         src = Path(repo_dir)
         if not src.is_dir():
             raise SandboxError(f"repository {repo_dir!r} is not a folder (SandboxSpec.repo_dir)")

@@ -375,3 +375,22 @@ def test_build_sifs_and_the_apptainer_backend_agree_for_both_datasets(tmp_path, 
         opened = ApptainerSandbox(task.plan.sandbox_spec(), cfg)._image()
         assert opened == str((sif_dir / task.plan.sif).resolve())
         assert json.loads(Path(opened).read_text())["source"] == task.plan.image
+
+
+def test_an_image_task_never_copies_the_current_folder_as_its_repository(tmp_path, monkeypatch):
+    """Its plan has no host repository (repo_dir ""): Path("") is the current folder, which a workspace must not
+    copy in its place while running a task from its image's /testbed is not implemented (issue 39 item 2)."""
+    from swe_megatron.sandbox.base import SandboxError
+    from swe_megatron.sandbox.workspace import Workspace
+
+    (plan,) = [t.plan for t in _loaded(tmp_path, [verified_row()])]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SandboxError, match="repo_dir is empty"):
+        Workspace.create(plan.repo_dir, str(tmp_path / "ws"), os.getuid(), os.getgid(), plan.workdir)
+    assert not (tmp_path / "ws").exists() or not any((tmp_path / "ws").iterdir())
+
+
+def _loaded(tmp_path, rows):
+    path = tmp_path / "rows.jsonl"
+    write_jsonl(path, rows)
+    return load_tasks(path)
