@@ -5,6 +5,12 @@ Grades SWE-bench predictions against local tasks in sandboxes and writes the rep
 LOGS/run_evaluation/<run_id>/<model>/<instance_id>/ (test_output.txt, patch.diff, eval.sh, report.json),
 LOGS being --log-dir (default: `logs` next to the report), run_id --run-id (default: the predictions
 file's name without .jsonl), <model> the prediction's model_name_or_path with "/" as "__".
+
+One prediction's failure never costs the others their results: it is recorded as that instance's result, and
+the report is written whatever happens (also when the command is interrupted: then the ungraded instances are
+its incomplete_ids). Exit status: 0 when every prediction was graded; 100 + N when N of them were not, or the
+harness failed on them (error_ids and harness_fault_ids; N capped at 25, so 125 means 25 or more); 2 for a
+usage error and 128 + signal for an interrupt, as for every command.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from pathlib import Path
 
 from swe_megatron.config.load import load_config
 from swe_megatron.errors import UsageError
-from swe_megatron.grading.grader import TaskGradingError, grade_many, task_grading
+from swe_megatron.grading.grader import GradeResult, TaskGradingError, grade_many, task_grading
 from swe_megatron.grading.report import (
     PredictionsError,
     build_report,
@@ -78,32 +84,42 @@ def _grade(args: argparse.Namespace) -> int:
         (by_id[iid], p["model_patch"], runs / log_folder_name(p["model_name_or_path"]) / _safe(iid))
         for iid, p in predictions.items()
     ]
-    done = [0]
+    results: list[GradeResult] = []
 
-    def progress(r) -> None:
-        done[0] += 1
+    def progress(r: GradeResult) -> None:
+        results.append(r)
         why = f" ({r.reason})" if r.reason else ""
         print(
-            f"[{done[0]}/{len(jobs)}] {r.instance_id}: {r.status}{why} {r.duration_s:.1f} s", file=sys.stderr
+            f"[{len(results)}/{len(jobs)}] {r.instance_id}: {r.status}{why} {r.duration_s:.1f} s",
+            file=sys.stderr,
         )
 
-    results = grade_many(
-        jobs,
-        lambda spec: make_sandbox(spec, cfg),
-        workers=args.workers,
-        on_result=progress,
-        test_timeout_s=float(args.timeout if args.timeout is not None else cfg.grade_timeout_s),
-        max_patch_bytes=cfg.grade_max_patch_bytes,
-        apply_timeout_s=cfg.grade_apply_timeout_s,
-    )
-    report = build_report(results, by_id, predictions)
-    write_report(report, out)
+    try:
+        grade_many(
+            jobs,
+            lambda spec: make_sandbox(spec, cfg),
+            workers=args.workers,
+            on_result=progress,
+            test_timeout_s=float(args.timeout if args.timeout is not None else cfg.grade_timeout_s),
+            max_patch_bytes=cfg.grade_max_patch_bytes,
+            apply_timeout_s=cfg.grade_apply_timeout_s,
+        )
+    finally:  # what was graded is kept, even when the rest is interrupted
+        report = build_report(results, by_id, predictions)
+        write_report(report, out)
+    failed = len(set(report["error_ids"]) | set(report["harness_fault_ids"]))
     print(
         f"resolved {report['resolved_instances']}/{report['submitted_instances']}, "
         f"unresolved {report['unresolved_instances']}, empty {report['empty_patch_instances']}, "
-        f"errors {report['error_instances']}; report: {out}"
+        f"errors {report['error_instances']}, harness faults {len(report['harness_fault_ids'])}; report: {out}"
     )
-    return 0
+    return FAILED_STATUS + min(failed, MAX_FAILED_COUNTED) if failed else 0
+
+
+FAILED_STATUS = 100
+"""Exit status of a run in which some predictions were not graded, plus how many (see the module docstring)."""
+MAX_FAILED_COUNTED = 25
+"""Failures the exit status counts at most (100 + 25: below the statuses shells give meanings to)."""
 
 
 def _safe(instance_id: str) -> str:
@@ -117,6 +133,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="grade SWE-bench predictions (JSONL) against tasks in sandboxes; write a report JSON",
         description="Sanitise each model patch, apply it, restore the tests, run them in a fresh sandbox and "
         "decide with swebench's log parsers. Infrastructure failures go to error_ids, never unresolved_ids.",
+        epilog="Exit status: 0 when every prediction was graded; 100 + N when N were not or the harness failed on "
+        "them (error_ids, harness_fault_ids; N at most 25); 2 for a usage error. The report is always written.",
     )
     p.add_argument(
         "--tasks",

@@ -118,6 +118,9 @@ class GradeResult:
     """For errors, which Excluded failure it is (empty otherwise)."""
     tampered: str = ""
     """Why the run's own reports are not trusted (a canary test came out wrong); empty when they are."""
+    harness_fault: str = ""
+    """The harness's own failure (an unexpected exception) while it handled model-controlled content: the patch,
+    or what its run left behind. Scored 0 and counted, never excluded (exclusion.py); empty when none."""
     applied_with: str | None = None
     """The apply command that worked."""
     log_path: str | None = None
@@ -242,6 +245,32 @@ def grade_one(
         tg = task_grading(task)
     except TaskGradingError as e:
         return done(ERROR, f"task cannot be graded: {e}", excluded=Excluded.TASK.value)
+    limits = _Limits(test_timeout_s, step_timeout_s, output_cap_bytes, apply_timeout_s)
+    try:
+        return _grade_patch(task, tg, patch, sandbox_factory, limits, done, skip_empty, max_patch_bytes)
+    except Exception as e:  # noqa: BLE001 - the harness's own bug; whose outcome it is depends on the patch
+        what = f"{type(e).__name__}: {e}"
+        _write_text(logs / "harness_error.txt", traceback.format_exc())
+        if not (patch or "").strip():  # no model content was handled: provably not the model's doing
+            return done(
+                ERROR, f"infrastructure: grading crashed: {what}", excluded=Excluded.HARNESS_BUG.value
+            )
+        why = f"the harness failed on the patch: {what}"
+        return done(UNRESOLVED, why, harness_fault=why)
+
+
+def _grade_patch(
+    task: Task,
+    tg: TaskGrading,
+    patch: str | None,
+    sandbox_factory: SandboxFactory,
+    limits: _Limits,
+    done: _Done,
+    skip_empty: bool,
+    max_patch_bytes: int,
+) -> GradeResult:
+    """grade_one from the model's patch on: size cap, sanitiser, then the sandbox run."""
+    logs = done.logs
     size = len(patch_bytes(patch or ""))
     if size > max_patch_bytes:  # before the sanitiser: parsing a huge patch would cost the host
         return done(UNRESOLVED, f"the patch has {size} bytes, over the {max_patch_bytes} graded at most")
@@ -251,7 +280,6 @@ def grade_one(
     common = {"dropped": clean.dropped, "suspicious": clean.suspicious}
     if clean.is_empty and skip_empty:
         return done(EMPTY_PATCH, _empty_reason(clean), **common)
-    limits = _Limits(test_timeout_s, step_timeout_s, output_cap_bytes, apply_timeout_s)
     return _grade_in_sandbox(task, tg, clean.patch, sandbox_factory, limits, done, common)
 
 
@@ -311,6 +339,8 @@ def _grade_in_sandbox(
         if excludable(sandbox_run.phase, kind.value, control, outside):
             return done(ERROR, f"infrastructure: {what}", excluded=kind.value, **common)
         why = f"after the patch was applied: {what} (a control run with an empty patch did not fail so)"
+        if kind is Excluded.HARNESS_BUG:
+            common["harness_fault"] = why
         return done(UNRESOLVED, why, tampered=why, timings=sandbox_run.result.timings, **common)
     if tampered:
         common["tampered"] = reason
@@ -405,19 +435,20 @@ def grade_many(
 ) -> list[GradeResult]:
     """Grade (task, patch, log_dir) jobs with `workers` concurrent graders; results in job order.
 
-    kwargs go to grade_one; on_result is called (from the calling thread) as each grading finishes.
+    kwargs go to grade_one; on_result is called (from the calling thread) as each grading finishes. One job's
+    failure is that job's result (status error), never the others' loss.
     """
     if workers <= 1:
         results = []
         for task, patch, log_dir in jobs:
-            results.append(grade_one(task, patch, sandbox_factory, log_dir=log_dir, **kwargs))
+            results.append(_grade_job(task, patch, sandbox_factory, log_dir, kwargs))
             if on_result:
                 on_result(results[-1])
         return results
     out: list[GradeResult | None] = [None] * len(jobs)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grader") as pool:
         futures = {
-            pool.submit(grade_one, task, patch, sandbox_factory, log_dir=log_dir, **kwargs): i
+            pool.submit(_grade_job, task, patch, sandbox_factory, log_dir, kwargs): i
             for i, (task, patch, log_dir) in enumerate(jobs)
         }
         for fut in as_completed(futures):
@@ -425,6 +456,20 @@ def grade_many(
             if on_result:
                 on_result(fut.result())
     return out  # type: ignore[return-value]
+
+
+def _grade_job(
+    task: Task, patch: str | None, sandbox_factory: SandboxFactory, log_dir: str | Path | None, kwargs: dict
+) -> GradeResult:
+    """grade_one, or an error result where it raised (grade_one scores its own crashes on a patch, so what
+    gets here failed outside it: e.g. the host could not write the logs)."""
+    try:
+        return grade_one(task, patch, sandbox_factory, log_dir=log_dir, **kwargs)
+    except Exception as e:  # noqa: BLE001 - one job's failure must not cost the other jobs their results
+        what = f"grading crashed: {type(e).__name__}: {e}"
+        return GradeResult(
+            task.instance_id, ERROR, f"infrastructure: {what}", excluded=Excluded.HARNESS_BUG.value
+        )
 
 
 @dataclass

@@ -6,7 +6,8 @@ report (schema_version 2: the *_instances counts, the *_ids lists, failure_reaso
 and adds `instances`: per instance its model_name_or_path (a string), the status, reason,
 FAIL_TO_PASS/PASS_TO_PASS success/failure lists, dropped files and log path; `model_name_or_path` (the one
 model's name, "" when the predictions name several) and `model_names` (all of them, a list); and
-`suspicious_ids` / `tampered_ids` (grader.GradeResult.suspicious / .tampered).
+`suspicious_ids` / `tampered_ids` / `harness_fault_ids` (grader.GradeResult.suspicious / .tampered /
+.harness_fault: the harness failed on that patch, scored 0).
 
 Where this differs from SWE-bench: a patch that does not apply is unresolved (it is the model's
 failure; SWE-bench files it under errors), and error_ids holds infrastructure failures only (so they are
@@ -147,6 +148,7 @@ def build_report(
         "dropped_files": sum(len(r.dropped) for r in results),
         "suspicious_ids": [r.instance_id for r in results if r.suspicious],
         "tampered_ids": [r.instance_id for r in results if r.tampered],
+        "harness_fault_ids": [r.instance_id for r in results if r.harness_fault],
         "instances": instances,
     }
 

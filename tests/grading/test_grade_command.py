@@ -155,6 +155,60 @@ def test_grade_command_end_to_end(tiny, sandbox_factory, tmp_path, capsys):
     assert "resolved 1/4" in capsys.readouterr().out
 
 
+NOT_OCTAL = "diff --git a/x.py b/x.py\nnew file mode 100999\n--- /dev/null\n+++ b/x.py\n@@ -0,0 +1 @@\n+a\n"
+
+
+@pytest.mark.sandbox
+def test_one_bad_prediction_costs_no_other_its_result(tiny, sandbox_factory, tmp_path, capsys, monkeypatch):
+    """A patch header with a mode that is not octal (once a ValueError that ended the whole command) is graded
+    like any patch; a harness bug on one patch (injected: the sanitiser crashes on it) is that instance's result,
+    scored and listed in harness_fault_ids; the report has every instance and the exit status counts the one."""
+    from swe_megatron.grading import grader
+
+    sanitize = grader.sanitize_patch
+
+    def crashes_on_one(patch, protected=()):
+        if "CRASH-ME" in patch:
+            raise RuntimeError("a harness bug on this patch")
+        return sanitize(patch, protected)
+
+    monkeypatch.setattr(grader, "sanitize_patch", crashes_on_one)
+    patches = {"gold": tiny.patch, "mode": tiny.patch + NOT_OCTAL, "crash": tiny.patch + "# CRASH-ME\n",
+               "gold2": tiny.patch}  # fmt: skip
+    rows = [{**task_row(tiny), "instance_id": f"calc__calc-{name}"} for name in patches]
+    preds = [{"instance_id": f"calc__calc-{n}", "model_patch": p} for n, p in patches.items()]
+    out = tmp_path / "report.json"
+    argv = ["grade", "--tasks", str(write_jsonl(tmp_path / "t.jsonl", rows)), "--sandbox", "bwrap"]
+    code = main([*argv, "--predictions", str(write_jsonl(tmp_path / "p.jsonl", preds)), "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 101, capsys.readouterr().err  # 100 + the one instance the harness failed on
+    assert report["resolved_ids"] == ["calc__calc-gold", "calc__calc-gold2", "calc__calc-mode"]
+    assert report["instances"]["calc__calc-mode"]["dropped"] == [
+        {"path": "x.py", "reason": "invalid file mode"}
+    ]
+    crash = report["instances"]["calc__calc-crash"]
+    assert report["unresolved_ids"] == report["harness_fault_ids"] == ["calc__calc-crash"]
+    assert crash["reward"] == 0.0 and "RuntimeError: a harness bug on this patch" in crash["harness_fault"]
+    assert report["error_ids"] == [] and "harness faults 1" in capsys.readouterr().out
+
+
+def test_the_report_is_written_when_grading_is_interrupted(files, monkeypatch):
+    """Ctrl-C during grading: the command ends as interrupted, with the report of what was graded written."""
+    from swe_megatron.grading import command
+
+    tasks, tmp = files
+    preds = write_jsonl(tmp / "p.jsonl", [{"instance_id": "calc__calc-0001", "model_patch": ""}])
+
+    def interrupted(jobs, *a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "grade_many", interrupted)
+    monkeypatch.setattr(command, "check_host", lambda cfg: None)
+    assert main(["grade", "--tasks", str(tasks), "--predictions", str(preds)]) == 130
+    report = json.loads((tmp / "p.report.json").read_text())
+    assert report["incomplete_ids"] == ["calc__calc-0001"] and report["submitted_instances"] == 1
+
+
 @pytest.mark.parametrize(
     "tasks_text, message",
     [(None, "does not exist"), ('{"instance_id": "x"}\n', "tasks.jsonl:1: field 'repo' is missing")],
