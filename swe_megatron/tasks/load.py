@@ -106,6 +106,10 @@ def task_from_row(row: Any, where: str = "row") -> Task:
     for key, value in row.items():
         if key not in ROW_FIELDS:
             extra.setdefault(key, _plain(value))
+    if (
+        row.get("install_config") is not None
+    ):  # SWE-rebench's: an object, or a JSON string of one in some exports
+        extra["install_config"] = _mapping(row["install_config"], "install_config", where)
     values["extra"] = extra
     return Task(**values)
 

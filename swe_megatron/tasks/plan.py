@@ -36,7 +36,6 @@ Images: a row's `image`, else its `docker_image`, else (a SWE-bench row) swebenc
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -195,14 +194,7 @@ def _swebench_plan(task: Any, extra: dict) -> GradingPlan:
 
 def _rebench_plan(task: Any, extra: dict) -> GradingPlan:
     where = f"task {task.instance_id}"
-    config = extra["install_config"]
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except json.JSONDecodeError as e:
-            raise PlanError(
-                f"{where}: install_config is a string that is not a JSON object ({e.msg})"
-            ) from None
+    config = extra["install_config"]  # tasks.load has made a JSON string of one an object
     if not isinstance(config, dict):
         raise PlanError(f"{where}: install_config is {type(config).__name__}, not an object")
     test_cmd = config.get("test_cmd")

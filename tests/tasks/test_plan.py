@@ -183,9 +183,7 @@ def write_parquet(path, rows) -> None:
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_a_swebench_verified_row_is_one_plan(tmp_path, fmt):
-    path = tmp_path / f"verified.{fmt}"
-    (write_jsonl if fmt == "jsonl" else write_parquet)(path, [verified_row()])
-    (task,) = load_tasks(path)
+    (task,) = _loaded(tmp_path, [verified_row()], fmt)
     plan = task.plan
     assert (plan.source, plan.log_parser, plan.eval_type) == ("swebench", "parse_log_django", "pass_and_fail")
     assert plan.image == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
@@ -228,9 +226,7 @@ def test_a_swebench_row_without_an_image_runs_in_swebench_s_own(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_a_swe_rebench_row_is_one_plan(tmp_path, fmt):
-    path = tmp_path / f"rebench.{fmt}"
-    (write_jsonl if fmt == "jsonl" else write_parquet)(path, [rebench_row()])
-    (task,) = load_tasks(path)
+    (task,) = _loaded(tmp_path, [rebench_row()], fmt)
     plan = task.plan
     assert (plan.source, plan.log_parser, plan.eval_type) == (
         "swe-rebench",
@@ -390,7 +386,8 @@ def test_an_image_task_never_copies_the_current_folder_as_its_repository(tmp_pat
     assert not (tmp_path / "ws").exists() or not any((tmp_path / "ws").iterdir())
 
 
-def _loaded(tmp_path, rows):
-    path = tmp_path / "rows.jsonl"
-    write_jsonl(path, rows)
+def _loaded(tmp_path, rows, fmt="jsonl"):
+    """The tasks of `rows` written as a .jsonl or .parquet file and loaded."""
+    path = tmp_path / f"rows.{fmt}"
+    (write_jsonl if fmt == "jsonl" else write_parquet)(path, rows)
     return load_tasks(path)
