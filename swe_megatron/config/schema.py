@@ -259,7 +259,10 @@ class StageConfig:
     """NOT in the paper: "scripted" first SFTs on scripted gold-patch solutions of the training tasks (a tiny random
     model cannot solve anything by itself; see swe_megatron/pipeline/warm_start.py); "none" skips it."""
     warm_start_epochs: int = 0
-    """Passes over the scripted solutions when warm_start is "scripted"."""
+    """Most passes over the scripted solutions when warm_start is "scripted" (all of them with no loss target)."""
+    warm_start_loss_target: float = 0.0
+    """The warm start stops after the first epoch whose mean SFT loss per action token is at most this (0: it runs
+    warm_start_epochs). A fixed epoch count left some seeds' policies unconverged (issue 38)."""
     warm_start_lr: float = 0.0
     """Constant learning rate of the warm-start epochs (0: optim.lr). RFT proper then starts a fresh optimiser
     with optim (its warmup and schedule) from the warm-started weights."""

@@ -41,6 +41,7 @@ RFT_ONLY = (
     "warm_start",
     "warm_start_epochs",
     "warm_start_lr",
+    "warm_start_loss_target",
     "warm_start_decoys",
     "max_kept_per_task",
     "epochs",
@@ -107,6 +108,8 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
         )
     if st.warm_start_lr < 0:
         out.append(f"{name}.warm_start_lr={st.warm_start_lr} is invalid; allowed: >= 0 (0 uses optim.lr)")
+    if st.warm_start_loss_target < 0:
+        out.append(f"{name}.warm_start_loss_target={st.warm_start_loss_target} is invalid; allowed: >= 0 (0: no target)")
     if st.warm_start_decoys < 0:
         out.append(f"{name}.warm_start_decoys={st.warm_start_decoys} is invalid; allowed: >= 0")
     o = st.optim

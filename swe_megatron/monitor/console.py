@@ -2,7 +2,7 @@
 
 clock = UnitClock(planned_units, done)                 # at the start of a run
 print(clock.line("stage1:3", metrics))                 # after each commit
-# run: stage1:3 committed in 41 s: resolved 0.50, loss 0.0123; 5 unit(s) left, ETA 3m25s
+# run: stage1:3 committed in 41 s: resolved 0.50, gave up 0.19, loss 0.0123; 5 unit(s) left, ETA 3m25s
 
 library_warnings_to(run_dir / "library-warnings.log")  # once per process, before the libraries load
 """
@@ -13,6 +13,11 @@ import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from swe_megatron.monitor.tensorboard import key_curves
+
+CONSOLE_FIGURES = (("resolved_rate", "resolved", ".2f"), ("give_up_rate", "gave up", ".2f"), ("loss", "loss", ".4g"))
+"""The key curves (monitor.tensorboard.KEY_CURVES) a unit's console line shows: (curve, label, format)."""
 
 LIBRARY_LOGGERS = ("py.warnings", "megatron", "transformers", "torch", "vllm", "huggingface_hub")
 """Loggers whose WARNING records go to the log file only: Python's `warnings` (Megatron's GPTModel deprecation,
@@ -58,18 +63,8 @@ class UnitClock:
         self.durations.append(seconds)
         if unit in self.remaining:
             self.remaining.remove(unit)
-        parts = []
-        metrics = metrics or {}
-        rate = (metrics.get("reward") or {}).get("resolved_rate")
-        if rate is not None:
-            parts.append(f"resolved {rate:.2f}")
-        losses = [
-            v["loss"]
-            for k, v in metrics.items()
-            if k.startswith("train") and isinstance(v, dict) and "loss" in v
-        ]
-        if losses:
-            parts.append(f"loss {losses[0]:.4g}")
+        curves = key_curves(metrics or {})
+        parts = [f"{label} {curves[k]:{fmt}}" for k, label, fmt in CONSOLE_FIGURES if k in curves]
         left = len(self.remaining)
         mean = sum(self.durations) / len(self.durations)
         rest = f"{left} unit(s) left, ETA {_hms(mean * left)}" if left else "schedule done"

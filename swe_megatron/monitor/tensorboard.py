@@ -18,9 +18,10 @@ T = TypeVar("T")
 
 KEY_CURVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "resolved_rate": ("resolved rate", ("reward/resolved_rate", "warm_start/resolved_rate")),
+    "give_up_rate": ("give-ups (submitted without a change)", ("episode/give_up_rate",)),
     "loss": (
-        "loss (SFT in warm start and rft, DAPO in stage1/stage2)",
-        ("train/sft_loss", "train/dapo_loss"),
+        "loss (SFT in warm start (its last epoch) and rft, DAPO in stage1/stage2)",
+        ("warm_start/final_epoch_loss", "train/sft_loss", "train/dapo_loss"),
     ),
     "steps_mean": ("turns per episode", ("episode/steps_mean",)),
     "tokens_mean": ("tokens per trajectory", ("tokens/trajectory_mean",)),

@@ -50,6 +50,8 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
             "steps_mean": turns / n,
             "steps_max": max((t.num_steps for t in valid), default=0),
             "submit_rate": sum(t.exit_reason.value == "submitted" for t in valid) / n,
+            # Give-ups: the agent submitted without changing anything (the decision RL learns on the embedded default).
+            "give_up_rate": sum(t.exit_reason.value == "submitted" and not t.patch.strip() for t in valid) / n,
             "format_error_rate": sum(len(t.malformed_turns) for t in valid) / max(turns, 1),
             "turn_limit_rate": sum(t.exit_reason.value == "turn_limit" for t in valid) / n,
             "context_limit_rate": sum(t.exit_reason.value == "context_limit" for t in valid) / n,

@@ -217,6 +217,35 @@ def _sft_steps(ctx: Context, stage, samples, epochs: int, seed: int) -> list[dic
     return out
 
 
+def epoch_loss(steps: list[dict[str, float]]) -> float:
+    """Mean loss per action token over an epoch's optimiser steps (each step's loss is its per-token mean)."""
+    tokens = sum(s["action_tokens"] for s in steps)
+    return sum(s["loss"] * s["action_tokens"] for s in steps) / tokens if tokens else float("nan")
+
+
+def _warm_start_epochs(ctx: Context, stage, unit: str, samples) -> tuple[list[dict], list[float]]:
+    """The warm start's SFT: epochs over the scripted demonstrations until an epoch's mean loss per action token is
+    at most `warm_start_loss_target`, at most `warm_start_epochs` of them (a fixed count converged for some seeds
+    and not for others: issue 38). Every rank takes the same decision: the loss is reduced over the ranks.
+    Returns (metrics per optimiser step, mean loss per epoch)."""
+    target, most = stage.warm_start_loss_target, stage.warm_start_epochs
+    steps, losses, shown = [], [], time.monotonic()
+    for e in range(most):
+        done = _sft_steps(ctx, stage, samples, 1, ctx.cfg.seed + e)
+        steps += done
+        losses.append(epoch_loss(done))
+        reached = losses[-1] <= target
+        if ctx.world.driver and (reached or e + 1 == most or time.monotonic() - shown >= WARM_START_REPORT_S):
+            shown = time.monotonic()
+            print(f"{unit}: epoch {e + 1}/{most}, loss {losses[-1]:.4f} (target {target:g})", flush=True)
+        if reached:
+            break
+    if ctx.world.driver and target > 0 and losses and losses[-1] > target:
+        print(f"{unit}: WARNING: the loss {losses[-1]:.4f} is above rft.warm_start_loss_target={target:g} after "
+              f"{most} epochs: the warm-started policy may not act well; raise rft.warm_start_epochs", flush=True)  # fmt: skip
+    return steps, losses
+
+
 def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Path) -> None:
     """The unit's metrics to TensorBoard (async/* only when async is on; the key curves again under key/<stage>/;
     a text marker where a stage begins), sample trajectories as text, and to the unit's metrics.json."""
@@ -301,6 +330,10 @@ def _rft_batch(stage, trajs: list[Trajectory], seconds: dict) -> Batch:
     return _sft_batch(stage, kept, masks, trajs, seconds, report)
 
 
+WARM_START_REPORT_S = 15.0
+"""Seconds between the warm start's progress lines on the console."""
+
+
 # --- units -----------------------------------------------------------------------------------------------
 def _scripted_rollouts(ctx: Context, stage, unit: str) -> Batch:
     d = ctx.run.unit_dir(unit, fresh=True)
@@ -322,14 +355,14 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
     if stage.warm_start != "scripted" or ctx.run.is_done(unit):
         return
     b = ctx.world.lead(_scripted_rollouts, ctx, stage, unit, share=Batch.shared)
-    epochs = stage.warm_start_epochs
-    trainer = trainer_for(ctx, stage_name, max(b.num_steps * epochs, 1))
+    trainer = trainer_for(ctx, stage_name, max(b.num_steps * stage.warm_start_epochs, 1))
     if stage.warm_start_lr > 0:
         lr = stage.warm_start_lr
         trainer.set_schedule(LrScheduler(lr, lr, 0, LrSchedule.constant, trainer.schedule.total_steps))
     t = time.perf_counter()
-    steps = _sft_steps(ctx, stage, b.samples, epochs, ctx.cfg.seed)
+    steps, epoch_losses = _warm_start_epochs(ctx, stage, unit, b.samples)
     b.seconds["train_s"] = time.perf_counter() - t
+    epochs = len(epoch_losses)
     ctx.trainer_stage = None  # RFT proper starts a fresh optimiser and schedule from these weights
     ckpt = _checkpoint_and_sync(ctx, unit, "warm_start", b.seconds)
 
@@ -337,12 +370,16 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
         # The scripted fake's rollout is no model's: its outcomes go under warm_start/, not reward/ or episode/.
         rolled = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
         final = {f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}
+        final["final_epoch_loss"] = epoch_losses[-1] if epoch_losses else float("nan")
+        final["loss_target_reached"] = float(bool(epoch_losses) and epoch_losses[-1] <= stage.warm_start_loss_target)
         metrics = {"warm_start": {**b.info, "epochs": float(epochs), **final,
                                   "resolved_rate": rolled["reward"]["resolved_rate"],
                                   "steps_mean": rolled["episode"]["steps_mean"]},
                    "infra": rolled["infra"]}  # fmt: skip
         metrics["train"] = train_metrics(steps, "sft")
         metrics["time"] = b.seconds
+        for e, loss in enumerate(epoch_losses, 1):  # the warm start's own curve: x = epoch, not unit
+            ctx.monitor.scalars("warm_start_epoch", {"loss": loss}, e)
         _log(ctx, unit, b.trajs, metrics, ctx.run.unit_dir(unit))
 
     _commit(ctx, unit, ckpt, finish)

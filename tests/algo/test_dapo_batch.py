@@ -61,6 +61,18 @@ def test_the_rollout_metrics_hold_the_batch_rewards_once():
     assert m["infra"]["sandbox_error"] == 1.0 and m["episode"]["turn_limit_rate"] == pytest.approx(1 / 7)
 
 
+def test_give_ups_are_submissions_without_a_change():
+    """episode/give_up_rate: submitted with an empty patch, over the valid episodes (a turn-limit ending with no
+    patch is not a give-up; a submitted change that fails is not one either)."""
+    trajs = _iteration()
+    for t in trajs:
+        t.patch = "diff --git a/x b/x\n" if t.resolved else ""
+    trajs[1].patch = "diff --git a/y b/y\n"  # A1: a wrong fix, not a give-up
+    m = rollout_metrics(trajs, t_max=40, l_thr=10)
+    # valid: A0 A1 A2 B0 B1 C0 C1; give-ups: B0, B1 (A2 ended at the turn limit, A3 is excluded)
+    assert m["episode"]["give_up_rate"] == pytest.approx(2 / 7)
+
+
 def test_the_rollout_metrics_of_long_trajectories_make_no_per_token_python_objects():
     """An iteration of the paper's stage 2 is thousands of trajectories of up to 131k tokens; a Python float per
     action token (32 bytes) made ~1.7 GB at 3,000 episodes at the end of each rollout phase. The token

@@ -15,17 +15,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_one_line_per_committed_unit(monkeypatch):
+    # The metrics as the units write them (metrics.json): an RL unit's loss is train/dapo_loss, RFT's train/sft_loss,
+    # the warm start's the last epoch's mean (issue 38: the line looked for train/loss and never printed one).
     now = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
-    clock = UnitClock(["init", "rft:0", "stage1:0", "stage1:1", "eval"], done=["init"])
+    clock = UnitClock(["init", "rft:warm_start", "rft:0", "stage1:0", "stage1:1", "eval"], done=["init"])
     now[0] += 30
-    metrics = {"reward": {"resolved_rate": 0.5}, "train": {"loss": 0.01234, "optimizer_steps": 2.0}}
-    assert clock.line("rft:0", metrics) == (
-        "run: rft:0 committed in 30 s: resolved 0.50, loss 0.01234; 3 unit(s) left, ETA 1m30s"
+    warm = {"warm_start": {"resolved_rate": 0.5, "final_epoch_loss": 0.0312}, "train": {"sft_loss": 0.93}}
+    assert clock.line("rft:warm_start", warm) == (
+        "run: rft:warm_start committed in 30 s: resolved 0.50, loss 0.0312; 4 unit(s) left, ETA 2m00s"
+    )
+    rft = {"reward": {"resolved_rate": 0.5}, "episode": {"give_up_rate": 0.25},
+           "train": {"sft_loss": 0.01234, "optimizer_steps": 2.0}}  # fmt: skip
+    assert clock.line("rft:0", rft) == (
+        "run: rft:0 committed in 0 s: resolved 0.50, gave up 0.25, loss 0.01234; 3 unit(s) left, ETA 0m45s"
     )
     now[0] += 90
-    assert clock.line("stage1:0", {"reward": {"resolved_rate": 1.0}, "train_dapo": {"loss": -0.5}}) == (
-        "run: stage1:0 committed in 90 s: resolved 1.00, loss -0.5; 2 unit(s) left, ETA 2m00s"
+    dapo = {"reward": {"resolved_rate": 1.0}, "episode": {"give_up_rate": 0.0}, "train": {"dapo_loss": -0.5}}
+    assert clock.line("stage1:0", dapo) == (
+        "run: stage1:0 committed in 90 s: resolved 1.00, gave up 0.00, loss -0.5; 2 unit(s) left, ETA 1m20s"
     )
     now[0] += 3600
     clock.line("stage1:1")
