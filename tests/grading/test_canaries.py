@@ -194,3 +194,34 @@ def test_fail_to_pass_tests_are_renamed_and_a_decoy_takes_each_old_name(tmp_path
     }
     wrong, forged = check(c, known, {"tests": known})  # the attack: the names it saw failing now pass
     assert forged and len(wrong) == 2 * len(bases), wrong
+
+
+def test_check_verdicts_per_outcome_from_plain_data():
+    """check() on hand-written outcomes: a must-fail twin may FAIL or ERROR (its anchor's fixture can error),
+    any pass of it (PASSED, XPASS) is forged, anything else only wrong; a must-pass twin must pass."""
+    c = Canaries(
+        file="t.py", text="", expected={"t.py::test_a_more": "FAILED", "t.py::test_b_more": "PASSED"}
+    )
+
+    def verdict(must_fail: str, must_pass: str = "PASSED") -> tuple[list[str], bool]:
+        status = {"t.py::test_a_more": must_fail, "t.py::test_b_more": must_pass}
+        return check(c, status, {"tests": dict(status)})
+
+    assert verdict("FAILED") == ([], False)
+    assert verdict("ERROR") == (
+        [],
+        False,
+    )  # a fixture error of a must-fail twin is a failure, not a wrong one
+    for forged_as in ("PASSED", "XPASS"):
+        wrong, forged = verdict(forged_as)
+        assert forged, forged_as
+        assert wrong == [
+            f"log: test_a_more {forged_as}, expected FAILED",
+            f"record: test_a_more {forged_as}, expected FAILED",
+        ]
+    for odd in ("SKIPPED", "XFAIL", "missing"):
+        wrong, forged = verdict(odd)
+        assert not forged and len(wrong) == 2, (odd, wrong)
+    wrong, forged = verdict("FAILED", must_pass="ERROR")
+    assert wrong == ["log: test_b_more ERROR, expected PASSED", "record: test_b_more ERROR, expected PASSED"]
+    assert not forged
