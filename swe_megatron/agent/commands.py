@@ -15,7 +15,6 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from swe_megatron.agent.prompts import Prompts
 from swe_megatron.agent.viewer import (
@@ -23,20 +22,17 @@ from swe_megatron.agent.viewer import (
     ViewerError,
     apply_edit,
     clamp_top,
-    display,
     render_window,
     search_lines,
     top_for_line,
 )
 from swe_megatron.config.schema import AgentConfig
-from swe_megatron.sandbox.base import ExecResult, Sandbox, SandboxError
+from swe_megatron.sandbox.base import ExecResult, Sandbox
 
 log = logging.getLogger(__name__)
 
-PATCH_FILE = ".git/swe_megatron_patch.diff"
 PATCH_MAX_BYTES = 64 << 20
-"""Largest diff read back from the sandbox (grading caps patches far lower: sandbox.grade_max_patch_bytes)."""
-"""Where `patch()` writes the diff inside the repository (read back whole, so the output cap never cuts it)."""
+"""Largest diff taken (the empty patch past it; grading caps patches far lower: sandbox.grade_max_patch_bytes)."""
 
 # Environment of the agent's shell: no pagers or editors that wait for a terminal.
 _SHELL_SETUP = (
@@ -334,77 +330,13 @@ class Aci:
         return f"Replaced {n} occurrence{'s' * (n != 1)}.\n" + self._window(f)
 
     # ---- the answer -----------------------------------------------------------------------------
-    def patch(self, timeout_s: float = 120.0) -> str:
-        """`git diff` of the working tree against HEAD, new files included (bytecode caches left out).
+    def patch(self) -> str:
+        """The working tree's changes against the task's pristine repository (new files included, bytecode caches
+        left out), as a git diff the host takes (Sandbox.host_patch, sandbox/host_diff.py).
 
-        The agent's .git is the agent's to break (removed, chmod 000, corrupted): when the diff fails, the
-        task's pristine .git (the sandbox spec's repo_dir) replaces it and the diff is taken again; if that
-        fails too, the answer is the empty patch. Either way the episode is graded: a failing sandbox
-        raises SandboxError from exec itself, so a non-zero exit here is the agent's doing. A sandbox
-        that cannot run the diff at all (its shell died and would not restart) gives the diff its workspace
-        holds, taken on the host (Sandbox.host_patch); SandboxError only when that fails too.
+        Nothing in the sandbox takes part: its shell is the agent's (functions, aliases, `eval` redefined, PATH,
+        BASH_ENV, git config, processes still rewriting files), so a diff run there prints what the agent chose,
+        and a broken or committed-to .git changes nothing here. What the agent can still shape is the workspace's
+        content, which the sanitiser and the grader read as untrusted text. SandboxError when the sandbox is gone.
         """
-        try:
-            r = self._diff(timeout_s)
-            if r.exit_code != 0 and self._restore_pristine_git(timeout_s):
-                r = self._diff(timeout_s)
-        except SandboxError as e:
-            log.warning(
-                "no diff from the sandbox of %s (%s): asking its host for the workspace's diff",
-                self.workdir,
-                e,
-            )
-            return self.sandbox.host_patch(PATCH_MAX_BYTES)
-        if r.exit_code != 0:
-            log.warning(
-                "no diff in %s after restoring .git: %s",
-                self.workdir,
-                display(r.output.decode("utf-8", "replace"))[-300:],
-            )
-            return ""
-        try:
-            data = self.sandbox.read_file(
-                posixpath.join(self.workdir, PATCH_FILE), max_bytes=PATCH_MAX_BYTES + 1
-            )
-        except OSError as e:  # e.g. the agent hard-linked or swapped the file: its doing, the empty patch
-            log.warning("cannot read the diff in %s: %s", self.workdir, e)
-            return ""
-        if len(data) > PATCH_MAX_BYTES:
-            log.warning(
-                "the diff in %s is over %d bytes: taken as the empty patch", self.workdir, PATCH_MAX_BYTES
-            )
-            return ""
-        return data.decode("utf-8", "surrogateescape")
-
-    def _diff(self, timeout_s: float) -> ExecResult:
-        wd = shlex.quote(self.workdir)
-        out = shlex.quote(posixpath.join(self.workdir, PATCH_FILE))
-        return self._exec(
-            f"cd {wd} && git add -A -- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.py[co]' "
-            f"&& rm -f {out} && git -c core.quotepath=off diff --cached --no-color --no-ext-diff HEAD > {out}; "
-            f"s=$?; cd {shlex.quote(self.cwd)}; exit $s",
-            timeout_s,
-        )
-
-    def _restore_pristine_git(self, timeout_s: float) -> bool:
-        """Replace the workspace's .git by the task's pristine one; False where the sandbox has no host
-        copy of the repository (no spec.repo_dir readable here)."""
-        spec = getattr(self.sandbox, "spec", None)
-        src = Path(spec.repo_dir) / ".git" if spec is not None and spec.repo_dir else None
-        if src is None or not src.is_dir():
-            return False
-        entries = sorted(src.rglob("*"))
-        dirs = [
-            shlex.quote(str(p.relative_to(src.parent))) for p in entries if p.is_dir() and not p.is_symlink()
-        ]
-        r = self._exec(
-            f"cd {shlex.quote(self.workdir)} && {{ chmod -R u+rwx .git 2>/dev/null; rm -rf .git; }} "
-            f"&& mkdir -p .git {' '.join(dirs)}",
-            timeout_s,
-        )
-        if r.exit_code != 0:
-            return False
-        for p in entries:
-            if p.is_file() and not p.is_symlink():
-                self.sandbox.write_file(str(p.relative_to(src.parent)), p.read_bytes())
-        return True
+        return self.sandbox.host_patch(PATCH_MAX_BYTES)

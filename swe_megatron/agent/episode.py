@@ -261,7 +261,7 @@ class Episode:
         """After a scored ending that was not `submit`: the patch, if one can still be taken (else empty, 0)."""
         with self._timed("patch"):
             try:
-                self.traj.patch = self.aci.patch(timeout_s=30)
+                self.traj.patch = self.aci.patch()
             except Exception as e:  # noqa: BLE001 - nothing left to take it from: the empty patch, graded 0
                 log.warning("episode %s: no patch after %s: %s", self.session, self.traj.exit_reason.value, e)
 

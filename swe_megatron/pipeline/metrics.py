@@ -64,8 +64,12 @@ def rollout_metrics(trajs: list[Trajectory], t_max: int, l_thr: int) -> dict[str
         # Mean -log p of the engine's own samples: an unbiased estimate of the sampling policy's entropy per token.
         "policy": {"entropy_estimate": -lp_sum / lp_n if lp_n else float("nan")},
         "infra": {"failures": float(sum(infra.values())), **{k: float(v) for k, v in infra.items()}},
-        # Graded trajectories whose patch mentions the test runner, or whose run the canaries caught.
-        "grading": {f: float(sum(f in t.grading_flags for t in trajs)) for f in ("suspicious", "tampered")},
+        # Graded trajectories whose patch mentions the test runner, whose run the canaries caught, or on whose
+        # patch the harness itself failed (scored 0, never excluded: a crash must not be a way out of a 0).
+        "grading": {
+            f: float(sum(f in t.grading_flags for t in trajs))
+            for f in ("suspicious", "tampered", "harness_fault")
+        },
     }
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import threading
 import time
@@ -69,10 +70,12 @@ from swe_megatron.agent.tokens import ChatFormat, ProvenanceReport
 from swe_megatron.config.schema import AgentConfig
 from swe_megatron.engine.base import Engine
 from swe_megatron.engine.scripted import SESSION_SEP
-from swe_megatron.sandbox.base import Sandbox
+from swe_megatron.sandbox.base import Sandbox, SandboxError
 from swe_megatron.sandbox.prewarm import Leased, Prewarmer
 from swe_megatron.tasks.schema import Task
 from swe_megatron.trajectory import ExitReason, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,7 +94,7 @@ class GradeOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per grading phase (start, apply, tests, stop) where the grader reports them."""
     flags: list[str] = field(default_factory=list)
-    """What grading flagged ("suspicious", "tampered"; Trajectory.grading_flags)."""
+    """What grading flagged ("suspicious", "tampered", "harness_fault"; Trajectory.grading_flags)."""
 
 
 Grader = Callable[..., GradeOutcome]
@@ -429,7 +432,13 @@ def _attempt(task, k, setup, sandboxes, session: str, deadline: float | None) ->
 def _grade(traj: Trajectory, task: Task, sandboxes: RolloutSandboxes) -> None:
     """Grade traj's patch into its reward, resolved flag, grading flags and timings."""
     t = time.perf_counter()
-    g = sandboxes.grade(task, traj.patch)
+    try:
+        g = sandboxes.grade(task, traj.patch)
+    except SandboxError:
+        raise  # the grading sandboxes' own machinery (closed, lost): excluded as before
+    except Exception:  # noqa: BLE001 - grading crashed on what the agent produced: scored, not excluded
+        log.exception("grading %s crashed on the episode's patch (scored 0, harness_fault)", task.instance_id)
+        g = GradeOutcome(0.0, False, flags=["harness_fault"])
     traj.timings["grade"] = time.perf_counter() - t
     traj.timings["grade_raw"] = g.seconds
     for phase in ("start", "stop"):

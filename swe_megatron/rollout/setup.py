@@ -93,7 +93,8 @@ def swebench_grader(
             apply_timeout_s=cfg.grade_apply_timeout_s,
         )
         raw = sum(v for k, v in r.timings.items() if k in ("apply", "tests"))
-        flags = [name for name, on in (("suspicious", r.suspicious), ("tampered", r.tampered)) if on]
+        marks = (("suspicious", r.suspicious), ("tampered", r.tampered), ("harness_fault", r.harness_fault))
+        flags = [name for name, on in marks if on]
         return GradeOutcome(r.reward or 0.0, r.resolved, r.error, raw, dict(r.timings), flags)
 
     return grade

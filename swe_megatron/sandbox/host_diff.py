@@ -9,15 +9,14 @@ wrote (no git in the agent's .git: its config could name filters and diff driver
 What it reads is untrusted: the walk never follows a symlink (os.fwalk with dir fds, files opened with
 O_NOFOLLOW | O_NONBLOCK), reads regular files only, stops after MAX_ENTRIES entries, and gives up (the empty
 patch) once the diff passes `max_bytes`, like the in-sandbox diff. Left out, as git's text diff leaves them out
-or as the sanitiser would drop them: .git, bytecode (__pycache__, *.pyc/*.pyo), binary files (a NUL byte or
-not UTF-8), symlinks, paths git would quote (control characters, `"`, backslash: a newline in a file name
+or as the sanitiser would drop them: .git, bytecode (__pycache__, *.pyc/*.pyo), binary files (a NUL byte, as
+git decides), symlinks, paths git would quote (control characters, `"`, backslash: a newline in a file name
 would otherwise write header lines of the agent's choosing), and new paths the pristine repository's .gitignore
 ignores (`git check-ignore`, run on the pristine repository only).
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
 import logging
@@ -115,9 +114,8 @@ def _read_text(name: str, dir_fd: int, max_bytes: int) -> _File | None:
                 head += chunk
     big = len(head) > max_bytes
     text = None
-    if not big and b"\0" not in head:
-        with contextlib.suppress(UnicodeDecodeError):
-            text = head.decode("utf-8")
+    if not big and b"\0" not in head:  # git's test for binary; other bytes go through as themselves
+        text = head.decode("utf-8", "surrogateescape")
     return _File(digest.digest(), text, big, bool(st.st_mode & 0o100))
 
 

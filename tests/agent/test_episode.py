@@ -1,5 +1,6 @@
 """The episode loop over the fake directory sandbox, with the scripted policy and a tiny random model."""
 
+import re
 import subprocess
 
 import pytest
@@ -54,6 +55,15 @@ def task(tmp_path):
     )
 
 
+_HUNK = re.compile(r"^(@@ [^@]* @@).*")
+
+
+def diff_lines(patch: str) -> list[str]:
+    """A patch's lines as the host-side diff writes them (agent/commands.py takes the patch on the host): no
+    index lines, nothing after a hunk header's closing "@@" (git's function context, which apply ignores)."""
+    return [_HUNK.sub(r"\1", ln) for ln in patch.splitlines() if not ln.startswith("index ")]
+
+
 def limits(**kw):
     base = dict(t_max=10, context_length=8192, max_tokens_per_turn=256, command_timeout_s=10, output_cap=4000)
     return EpisodeLimits(**{**base, **kw})
@@ -78,8 +88,7 @@ def test_scripted_gold_patch_reproduces_the_gold_diff(task, chat):
     assert (
         "+    return a + b" in traj.patch and "+    return a - b" in traj.patch and "notes.txt" in traj.patch
     )
-    strip = lambda p: [ln for ln in p.splitlines() if not ln.startswith("index ")]  # noqa: E731
-    assert strip(traj.patch) == strip(task.patch)
+    assert diff_lines(traj.patch) == diff_lines(task.patch)
     assert not traj.drifted
     traj.check()
     assert traj.messages[3]["content"].endswith(
@@ -261,8 +270,7 @@ def test_gold_script_splits_edits_to_fit_the_turn_cap_and_still_reproduces_the_g
     )
     traj = episode(task, policy, chat, max_tokens_per_turn=cap, t_max=len(script))
     assert traj.exit_reason == ExitReason.submitted and traj.malformed_turns == []
-    strip = lambda p: [ln for ln in p.splitlines() if not ln.startswith("index ")]  # noqa: E731
-    assert strip(traj.patch) == strip(task.patch)
+    assert diff_lines(traj.patch) == diff_lines(task.patch)
 
 
 def test_scripts_that_cannot_play_out_are_named(chat):

@@ -116,4 +116,60 @@ def test_tampering_is_counted_per_iteration(tmp_path, chat, tiny):
     assert traj.infra_failure is None and traj.reward == 0.0 and not traj.resolved
     assert traj.grading_flags == ["suspicious", "tampered"]
     metrics = rollout_metrics([traj, Trajectory(task_id="other", sample_index=0)], t_max=8, l_thr=4)
-    assert metrics["grading"] == {"suspicious": 1.0, "tampered": 1.0}
+    assert metrics["grading"] == {"suspicious": 1.0, "tampered": 1.0, "harness_fault": 0.0}
+
+
+FORGE = (
+    r"printf 'diff --git a/x.py b/x.py\nnew file mode 100999\n--- /dev/null\n+++ b/x.py\n@@ -0,0 +1 @@\n+a\n'"
+)
+PATCH_FILE = ".git/swe_megatron_patch.diff"  # where the ACI's in-sandbox `git diff` once wrote its output
+
+
+@pytest.mark.parametrize(
+    "subversion",
+    [
+        f"git() {{ {FORGE}; }}; export -f git",
+        f'shopt -s expand_aliases; alias git="{FORGE} #"',
+        f'mkdir -p /tmp/bin && echo "{FORGE}" > /tmp/bin/git && chmod +x /tmp/bin/git && export PATH=/tmp/bin:$PATH',
+        f'echo "{FORGE}" > /tmp/d.sh && chmod +x /tmp/d.sh && git config diff.external /tmp/d.sh'
+        " && git config core.pager /tmp/d.sh && export GIT_EXTERNAL_DIFF=/tmp/d.sh GIT_CONFIG_GLOBAL=/tmp/d.sh",
+        f"eval() {{ {FORGE} > {PATCH_FILE}; }}",
+        f'echo "{FORGE} > {PATCH_FILE}" > /tmp/w.sh && '
+        "(setsid nohup bash -c 'while :; do bash /tmp/w.sh 2>/dev/null; done' >/dev/null 2>&1 &)",
+    ],
+    ids=["function", "alias", "path", "git-config", "eval", "background"],
+)
+def test_the_patch_is_the_workspace_diff_whatever_the_agent_does_to_its_shell(
+    subversion, tmp_path, chat, tiny
+):
+    """Issue 40 family 2: the agent's shell keeps functions, aliases, PATH, git config and processes, so a diff
+    it runs prints what the agent chose (here a header `new file mode 100999`, once a harness crash and an
+    excluded episode). The harness's patch is the workspace's true diff: the fix, graded 1."""
+    traj, stats, _ = _rollout(tmp_path, chat, tiny, [subversion])
+    assert traj.infra_failure is None and stats.infra_failures == 0, traj.infra_failure
+    assert traj.exit_reason == ExitReason.submitted and "100999" not in traj.patch
+    assert "+        return hi" in traj.patch and traj.reward == 1.0 and traj.resolved
+
+
+@pytest.mark.parametrize("where", ["grade_one", "grader"])
+def test_a_harness_crash_on_the_patch_is_scored_and_counted_not_excluded(
+    where, tmp_path, chat, tiny, monkeypatch
+):
+    """A harness bug while grading what the agent produced (injected here: no real input reaches one any more)
+    is scored 0, flagged harness_fault and counted in the iteration's grading/harness_fault, never excluded."""
+    from swe_megatron.grading import grader
+    from swe_megatron.pipeline.metrics import rollout_metrics
+    from swe_megatron.rollout import setup
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("a harness bug on this patch")
+
+    if where == "grade_one":  # inside grade_one: its own net scores it
+        monkeypatch.setattr(grader, "sanitize_patch", crash)
+    else:  # the grader raising past grade_one: the rollout scores it
+        monkeypatch.setattr(setup, "grade_one", crash)
+    traj, stats, _ = _rollout(tmp_path, chat, tiny, [])
+    assert traj.infra_failure is None and not traj.exit_reason.is_infra and stats.infra_failures == 0
+    assert traj.reward == 0.0 and not traj.resolved and traj.grading_flags == ["harness_fault"]
+    metrics = rollout_metrics([traj], t_max=8, l_thr=4)
+    assert metrics["grading"]["harness_fault"] == 1.0 and metrics["infra"]["failures"] == 0.0
