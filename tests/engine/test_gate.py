@@ -14,6 +14,8 @@ import pytest
 from swe_megatron.engine.base import EngineError, Generation
 from swe_megatron.engine.gate import VersionGate
 
+pytestmark = pytest.mark.timeout(60)  # a deadlocking gate fails in a minute, not at the 1800 s default
+
 
 class HeldEngine:
     """Fake engine: each generate blocks until `release` is set; it records the calls it got."""
@@ -197,3 +199,24 @@ def test_a_turn_without_a_session_holds_the_gate_for_that_turn_only():
     paused, _ = _start(gate.pause)
     paused.join(2)
     assert not paused.is_alive(), "a session-less turn kept the gate held"
+
+
+def test_a_second_update_waits_for_the_first_to_resume():
+    """Two pausers (the trainer's sync and a failover reload): the second holds until the first resumes, so
+    two weight loads never overlap, and the turns held back run on the last version."""
+    engine = HeldEngine()
+    engine.release.set()
+    gate = VersionGate().serve(engine, 1)
+    gate.pause()
+    second, _ = _start(gate.pause)
+    time.sleep(0.2)
+    assert second.is_alive(), "a second pause() must wait while an update runs"
+    turn, got = _start(gate.generate, [0], 4, "ep")
+    gate.resume(2)
+    second.join(5)
+    assert not second.is_alive()
+    time.sleep(0.1)
+    assert turn.is_alive() and not engine.calls, "the second update holds the turns back too"
+    gate.resume(3)
+    turn.join(5)
+    assert got[0].policy_version == 3
