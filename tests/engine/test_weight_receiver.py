@@ -246,6 +246,19 @@ def test_the_trainer_waits_for_every_worker_then_gives_the_go(clock):
     assert store.check(["s/go"])
 
 
+@pytest.mark.parametrize("missing", [1, 2, 3])
+def test_no_go_while_any_worker_has_not_announced_itself(clock, missing):
+    """Every rank 1..world-1 counts, the first and the last too: a go before one of them would let the others
+    enter a rendezvous that one may never reach."""
+    store = dist.HashStore()
+    g = SyncGroup(store, "s", 0, 4, CPU, 0.05)
+    for r in {1, 2, 3} - {missing}:
+        store.set(f"s/joined/{r}", "1")
+    with pytest.raises(SyncAborted, match="joining took longer"):
+        g.await_members()
+    assert not store.check(["s/go"])
+
+
 class Done:
     def is_completed(self) -> bool:
         return True
