@@ -2,7 +2,7 @@
 
 Endings (paper-spec.md "Agent scaffold"): `submit`; T_max turns; the next prompt would not fit in the
 context (no room left for one generated token); optionally too many format errors in a row. All of these
-are model outcomes: the patch (`git diff` of the working tree) is taken and graded, and the length penalty
+are model outcomes: the patch (the working tree's diff, taken on the host) is taken and graded, and the length penalty
 applies. What is excluded follows grading/exclusion.py's rule: an engine failure, and a sandbox failure
 before the agent's first command, end the episode as an infrastructure failure (excluded from training,
 counted, retried by the rollout manager); a sandbox failure after it is the agent's outcome (sandbox_lost,

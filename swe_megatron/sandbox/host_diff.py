@@ -1,14 +1,15 @@
-"""The patch of a sandbox whose shell cannot start again, computed on the host.
+"""The agent's patch, computed on the host: the workspace against the task's pristine repository.
 
-The agent's patch is normally `git diff` run inside the sandbox (agent/commands.py). When the sandbox fails
-after the agent's commands ran (its shell died and a restart failed), the episode is scored
-(grading/exclusion.py), and the patch is what the agent left in its workspace: this module compares the
-workspace with the task's pristine repository (SandboxSpec.repo_dir) in Python, running nothing the agent
-wrote (no git in the agent's .git: its config could name filters and diff drivers).
+Every episode's patch is taken here (agent/commands.py `Aci.patch`, through Sandbox.host_patch), also when the
+sandbox's shell cannot start again. Nothing in the sandbox runs to produce it: the agent's shell keeps its
+functions, aliases, PATH, git config and processes, so a `git diff` run there prints what the agent chose
+(issue 40). This module compares the workspace with the task's pristine repository (SandboxSpec.repo_dir) in
+Python, running nothing the agent wrote (no git in the agent's .git: its config could name filters and diff
+drivers); the only git it runs is `git check-ignore` on the pristine repository.
 
 What it reads is untrusted: the walk never follows a symlink (os.fwalk with dir fds, files opened with
 O_NOFOLLOW | O_NONBLOCK), reads regular files only, stops after MAX_ENTRIES entries, and gives up (the empty
-patch) once the diff passes `max_bytes`, like the in-sandbox diff. Left out, as git's text diff leaves them out
+patch) once the diff passes `max_bytes`. Left out, as git's text diff leaves them out
 or as the sanitiser would drop them: .git, bytecode (__pycache__, *.pyc/*.pyo), binary files (a NUL byte, as
 git decides), symlinks, paths git would quote (control characters, `"`, backslash: a newline in a file name
 would otherwise write header lines of the agent's choosing), and new paths the pristine repository's .gitignore
@@ -22,6 +23,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -32,6 +34,10 @@ log = logging.getLogger(__name__)
 MAX_ENTRIES = 200_000
 """Files and folders the walk of one tree visits at most (an agent can create millions of empty files)."""
 _SKIP_DIRS = frozenset({".git", "__pycache__"})
+_GIT = shutil.which("git")
+# git with no configuration but the pristine repository's own (the host user's could name fsmonitor hooks).
+_GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C"}  # fmt: skip
 _QUOTED = re.compile(r'[\x00-\x1f\x7f"\\]')
 """Characters git quotes a path for (C-style, in double quotes); the sanitiser drops such paths anyway."""
 
@@ -126,9 +132,11 @@ def _not_ignored(pristine: Path, paths: list[str]) -> list[str]:
     try:
         res = subprocess.run(
             [
-                "git",
+                _GIT or "git",
                 "-c",
                 "safe.directory=*",
+                "-c",
+                "core.fsmonitor=false",
                 "-C",
                 str(pristine),
                 "check-ignore",
@@ -139,6 +147,7 @@ def _not_ignored(pristine: Path, paths: list[str]) -> list[str]:
             input="\0".join(paths).encode("utf-8", "surrogateescape"),
             capture_output=True,
             timeout=60,
+            env=_GIT_ENV,
         )
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("git check-ignore in %s failed (%s): new files are all kept", pristine, e)
