@@ -5,6 +5,14 @@
                    --net --network none --writable-tmpfs --bind WORKSPACE:/testbed --pwd /testbed
                    [--memory BYTES --pids-limit N]  IMAGE  <shell supervisor>
 
+The repository: spec.repo_dir when the task has one on the host (this project's tasks); otherwise (SWE-bench and
+SWE-rebench images, repo_dir "") the image's own /testbed, read out of the image once with `apptainer exec IMAGE
+tar` into IMAGE_CACHE under sandbox.workspace_root (one folder per image file, made atomically) and copied from
+there into each sandbox's workspace like any repository: the agent writes to its own copy, the host reads and
+writes it (read_file/write_file) and diffs it against the cached one (host_patch), as for a host repository. The
+image is immutable once built (a SIF is): a rebuilt image file is a new cache entry. The shell then runs the
+task's environment activation (SandboxSpec.setup, from the grading plan) before entering /testbed.
+
 One `apptainer exec` per sandbox runs the shell's supervisor (shell.py); a shell that dies is restarted
 inside the same container. The image stays read-only; writes outside /testbed land in a tmpfs overlay
 (--writable-tmpfs) and are lost if the whole sandbox restarts. --contain gives a private /tmp and /dev,
@@ -30,15 +38,26 @@ exactly the options above and refuses anything else.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
+import subprocess
+import tarfile
+import tempfile
+import threading
 from pathlib import Path
 
 from swe_megatron.sandbox.base import SandboxError
 from swe_megatron.sandbox.shell import ShellSandbox
 from swe_megatron.sandbox.users import SandboxUser, current_user, lookup_user
+from swe_megatron.sandbox.workspace import remove_tree
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+IMAGE_CACHE = ".image-repos"
+"""Folder under sandbox.workspace_root holding the repositories read out of task images."""
+EXTRACT_TIMEOUT_S = 1800
+"""How long reading one image's repository may take (a SIF of django's is a few hundred MB)."""
 
 
 def find_apptainer() -> str:
@@ -76,6 +95,8 @@ class ApptainerSandbox(ShellSandbox):
         return self.cfg.max_processes if self.cfg.cgroup_limits or self._cgroup is not None else None
 
     def _prepare(self) -> None:
+        if getattr(self, "_image_path", None):
+            return
         self._apptainer = find_apptainer()
         self._tools = {name: shutil.which(name, path=SAFE_PATH) for name in ("setpriv", "prlimit")}
         if self._tools["prlimit"] is None or (os.geteuid() == 0 and self._tools["setpriv"] is None):
@@ -84,17 +105,76 @@ class ApptainerSandbox(ShellSandbox):
             )
         self._image_path = self._image()
 
+    def _repo_source(self) -> str:
+        """spec.repo_dir, or (none given) the image's own repository at spec.workdir, read out once per image."""
+        if self.spec.repo_dir:
+            return self.spec.repo_dir
+        self._prepare()
+        return str(self._image_repository())
+
+    def _as_user(self) -> list[str]:
+        """argv prefix that drops from root to the sandbox user (nothing when not root)."""
+        if os.geteuid() != 0:
+            return []
+        user = self.user
+        return [self._tools["setpriv"], f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--"]
+
+    def _image_repository(self) -> Path:
+        """The cached copy of the image's spec.workdir (made on first use: `tar` run inside the image as the
+        sandbox user, without network or host files, its stream unpacked on the host with tarfile's `tar` filter,
+        which keeps every member inside the folder)."""
+        image = Path(self._image_path)
+        st = image.stat()
+        key = hashlib.sha256(
+            f"{image}\0{st.st_ino}\0{st.st_mtime_ns}\0{self.spec.workdir}".encode()
+        ).hexdigest()
+        root = Path(self.cfg.workspace_root) / IMAGE_CACHE
+        done = root / f"{image.name[:80]}-{key[:16]}"
+        if done.is_dir():
+            return done
+        try:
+            root.mkdir(mode=0o711, parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".part-", dir=root))
+        except OSError as e:
+            raise SandboxError(f"cannot make {root} (sandbox.workspace_root): {e}") from None
+        argv = [*self._as_user(), self._apptainer, "exec", "--contain", "--cleanenv", "--no-home"]
+        argv += ["--no-mount", "hostfs,bind-paths,cwd", "--net", "--network", "none", str(image)]
+        argv += ["tar", "-C", self.spec.workdir, "-cf", "-", "."]
+        env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": "/nonexistent"}
+        try:
+            with tempfile.TemporaryFile() as err:
+                proc = subprocess.Popen(
+                    argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env
+                )
+                timer = threading.Timer(EXTRACT_TIMEOUT_S, proc.kill)
+                timer.start()
+                problem = ""
+                try:
+                    with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                        tar.extractall(tmp / "repo", filter="tar")
+                except (tarfile.TarError, OSError) as e:
+                    problem = f"{type(e).__name__}: {e}"
+                finally:
+                    proc.stdout.close()
+                    rc = proc.wait()
+                    timer.cancel()
+                err.seek(0)
+                problem = problem or err.read()[-2000:].decode(errors="replace").strip()
+            if rc != 0 or not (tmp / "repo").is_dir():
+                raise SandboxError(
+                    f"cannot read {self.spec.workdir} out of image {image} (status {rc}): {problem}"
+                )
+            with contextlib.suppress(OSError):  # another sandbox may have made it first: then theirs is used
+                os.rename(tmp / "repo", done)
+            if not done.is_dir():
+                raise SandboxError(f"cannot keep the repository of image {image} in {done}")
+        finally:
+            remove_tree(tmp)
+        return done
+
     def _launch(self) -> tuple[list[str], dict[str, str]]:
         cfg, spec, user = self.cfg, self.spec, self.user
-        argv: list[str] = []
-        if os.geteuid() == 0:
-            argv += [
-                self._tools["setpriv"],
-                f"--reuid={user.uid}",
-                f"--regid={user.gid}",
-                "--clear-groups",
-                "--",
-            ]
+        argv: list[str] = list(self._as_user())
         argv += [
             self._tools["prlimit"],
             f"--cpu={cfg.cpu_seconds}:{cfg.cpu_seconds + 2}",  # SIGXCPU at the limit, SIGKILL 2 s later

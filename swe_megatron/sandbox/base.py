@@ -106,10 +106,12 @@ class Sandbox(Protocol):
 
 @dataclass
 class SandboxSpec:
-    """What a sandbox is made from. Backends copy `repo_dir` into a private writable workspace."""
+    """What a sandbox is made from. Backends copy `repo_dir` (apptainer without one: the image's own `workdir`)
+    into a private writable workspace."""
 
     repo_dir: str
-    """Host path of the task's git repository (buggy state); copied into the sandbox, never written in place."""
+    """Host path of the task's git repository (buggy state); copied into the sandbox, never written in place.
+    "" for a task whose image holds its repository at workdir (apptainer only: a SWE-bench/SWE-rebench image)."""
     workdir: str = "/testbed"
     """Where the repository appears inside the sandbox (SWE-bench/SWE-rebench convention)."""
     env_dir: str | None = None
@@ -118,3 +120,7 @@ class SandboxSpec:
     """apptainer: the task's SIF image (holds the environment; the repository is overlaid at workdir)."""
     env: dict[str, str] | None = None
     """Extra environment variables, exported in the shell when it starts (and again if it restarts)."""
+    setup: tuple[str, ...] = ()
+    """Shell lines the shell runs when it starts (and again if it restarts), output discarded, before it enters
+    workdir: the task image's environment activation (`source /opt/miniconda3/bin/activate`, `conda activate
+    testbed`, exports), so the agent's `python` is the one the task's tests run with (tasks/plan.py)."""

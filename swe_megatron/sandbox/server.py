@@ -109,6 +109,10 @@ def spec_from_json(data: dict) -> SandboxSpec:
         raise BadField(f"workdir={spec.workdir!r} is invalid; allowed: an absolute path inside the sandbox")
     for name in ("env_dir", "image"):
         text_field(data, name, optional=True)
+    setup = data.get("setup", ())
+    if not isinstance(setup, (list, tuple)) or not all(isinstance(line, str) for line in setup):
+        raise BadField(f"setup={setup!r} is invalid; allowed: a list of shell lines (strings)")
+    spec.setup = tuple(setup)
     env = data.get("env")
     if env is not None:
         if not isinstance(env, dict):

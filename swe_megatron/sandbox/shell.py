@@ -233,6 +233,7 @@ class PersistentShell:
         workdir: str,
         state_file: str,
         exports: dict[str, str] | None = None,
+        setup: tuple[str, ...] = (),
         cwd: str | None = None,
         process_limit: int | None = None,
         repair: Callable[[], None] | None = None,
@@ -253,9 +254,10 @@ class PersistentShell:
         for key in exports:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"environment variable name {key!r} is not a shell identifier")
-        init = [f"export {k}={shell_quote(v)}" for k, v in exports.items()] + [
-            f"cd -- {shell_quote(workdir)}"
-        ]
+        init = [f"export {k}={shell_quote(v)}" for k, v in exports.items()]
+        if setup:  # the task environment's activation (SandboxSpec.setup); its own output is noise
+            init.append("{\n" + "\n".join(setup) + "\n} >/dev/null 2>&1 </dev/null")
+        init.append(f"cd -- {shell_quote(workdir)}")
         self._init_script = "\n".join(init)
         self._proc: subprocess.Popen | None = None
         self._token = ""
@@ -563,11 +565,16 @@ class ShellSandbox:
         self._cgroup: SandboxCgroup | None = None
         self._lock = threading.Lock()
         self._stopped = False
+        self._pristine = spec.repo_dir
 
     def _identity(self) -> SandboxUser:
         if os.geteuid() == 0:
             return lease_user(self.cfg.user, Path(self.cfg.workspace_root) / ".uids")
         return current_user()
+
+    def _repo_source(self) -> str:
+        """Host folder the workspace copies (and host_patch diffs against): spec.repo_dir, for these backends."""
+        return self.spec.repo_dir
 
     def _prepare(self) -> None:
         """Backend checks and extra files, after the workspace exists and before the shell starts."""
@@ -596,8 +603,9 @@ class ShellSandbox:
             _sweep_once(self.cfg.workspace_root)
             _check_file_max(self.cfg)
             self.user = self._identity()
+            self._pristine = self._repo_source()
             self.workspace = Workspace.create(
-                self.spec.repo_dir,
+                self._pristine,
                 self.cfg.workspace_root,
                 self.user.uid,
                 self.user.gid,
@@ -620,6 +628,7 @@ class ShellSandbox:
                 state_file=self._state_file(),
                 process_limit=self._process_limit(),
                 exports=self.spec.env,
+                setup=tuple(self.spec.setup),
                 repair=self.workspace.repair,
             )
             shell.start()
@@ -670,10 +679,10 @@ class ShellSandbox:
         self.workspace.write_file(path, data)
 
     def host_patch(self, max_bytes: int) -> str:
-        """The workspace's changes against spec.repo_dir, diffed on the host (sandbox/host_diff.py)."""
+        """The workspace's changes against the repository it was copied from, diffed on the host (host_diff.py)."""
         if self.workspace is None or self._stopped:
             raise SandboxError("the sandbox is not running (not started, or stopped)")
-        return host_diff(self.spec.repo_dir, self.workspace.repo, max_bytes)
+        return host_diff(self._pristine, self.workspace.repo, max_bytes)
 
     def stop(self) -> None:
         """Kill everything (even mid-command, from another thread) and remove the workspace; idempotent."""

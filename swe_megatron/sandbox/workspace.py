@@ -274,8 +274,8 @@ class Workspace:
         limit holds), so the copy and everything the sandbox writes there share one cap."""
         if not repo_dir:  # Path("") is the current folder: never copy that in its place
             raise SandboxError(
-                "SandboxSpec.repo_dir is empty: the task's repository is in its image at /testbed, and running a "
-                "task from its image's own repository is not implemented yet (issue 39 item 2)"
+                "SandboxSpec.repo_dir is empty: the task's repository is in its image (SWE-bench/SWE-rebench "
+                "rows), which only sandbox.backend=apptainer opens; bwrap and local run tasks with a host repository"
             )
         src = Path(repo_dir)
         if not src.is_dir():

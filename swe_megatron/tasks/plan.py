@@ -4,13 +4,14 @@
     plan = plan_of(task)       # the plan made when the row was loaded (Task.plan), or a new one
     plan.sandbox_spec()        # where the agent works and the tests run
     plan.command               # what the eval script runs at plan.workdir: environment, then the tests
+    plan.activate              # the environment activation the agent's shell runs first (SandboxSpec.setup)
 
 SWE-bench's harness builds one `TestSpec` per row (swebench 5.0.2 `harness/utils.py` `make_test_spec`) and
 every later step reads that object; here `tasks/load.py` calls `make_plan` for each row it reads and the
 grader, the rollouts and `build-sifs` read the plan. Three kinds of row, told apart by what they carry:
 
   swebench     SWE-bench 5.x (Verified, Lite, full): `image`, `eval_script`, `log_parser`, `eval_type`. The
-               eval script is read, not run: the lines that activate the image's environment (`source
+               eval script is read, not run (docs/security.md says what the grader adds to it): the lines that activate the image's environment (`source
                /opt/miniconda3/bin/activate`, `conda activate testbed`, `cd /testbed`, exports, the install
                step) and the test command between its ">>>>> Start/End Test Output" markers are kept; its
                own test-file reset, test-patch heredoc and informational git commands are dropped because
@@ -82,6 +83,9 @@ class GradingPlan:
     """Where the repository is inside the sandbox."""
     env_setup: tuple[str, ...] = ()
     """Shell lines run before the tests, in the same shell: the image's environment activation and install."""
+    activate: tuple[str, ...] = ()
+    """The part of env_setup that activates the image's environment (no install step): what the agent's shell runs
+    when it starts (SandboxSpec.setup), so the `python` it runs is the one the tests run with."""
     test_files: tuple[str, ...] = ()
     """Test files the row names (the eval script's test-file reset, or extra.test_files): protected from the
     model's patch and restored before the tests."""
@@ -100,7 +104,11 @@ class GradingPlan:
     def sandbox_spec(self) -> SandboxSpec:
         """The sandbox this task is worked on and graded in."""
         return SandboxSpec(
-            repo_dir=self.repo_dir, env_dir=self.env_dir, image=self.sif or None, workdir=self.workdir
+            repo_dir=self.repo_dir,
+            env_dir=self.env_dir,
+            image=self.sif or None,
+            workdir=self.workdir,
+            setup=self.activate,
         )
 
 
@@ -173,9 +181,8 @@ def plan_of(task: Any) -> GradingPlan:
 
 def _swebench_plan(task: Any, extra: dict) -> GradingPlan:
     where = f"task {task.instance_id}"
-    setup, test_cmd, test_files = read_eval_script(
-        _text_field(extra, "eval_script", where), task.base_commit, where
-    )
+    script = _text_field(extra, "eval_script", where)
+    setup, test_cmd, test_files = read_eval_script(script, task.base_commit, where)
     log_parser = _text_field(extra, "log_parser", where)
     if not log_parser:
         _missing(where, "log_parser", "SWE-bench 5.x rows")
@@ -188,6 +195,7 @@ def _swebench_plan(task: Any, extra: dict) -> GradingPlan:
         image=image,
         sif=sif_name(image),
         env_setup=tuple(setup),
+        activate=tuple(eval_script_activation(script)),
         test_files=tuple(test_files),
     )
 
@@ -211,7 +219,7 @@ def _rebench_plan(task: Any, extra: dict) -> GradingPlan:
     image = task_image(task)
     # As the fork's load_swebench_dataset (_clean_install_config) runs them: under a UTF-8 locale.
     install = [f"{UTF8} {line}" for line in _lines(config.get("install"))]
-    setup = [*CONDA_ACTIVATE, f"cd {WORKDIR}", *_lines(config.get("eval_commands")), *install]
+    activate = [*CONDA_ACTIVATE, f"cd {WORKDIR}", *_lines(config.get("eval_commands"))]
     files = test_directives(task.repo, task.test_patch, where)
     return GradingPlan(
         source="swe-rebench",
@@ -220,7 +228,8 @@ def _rebench_plan(task: Any, extra: dict) -> GradingPlan:
         eval_type="pass_and_fail",
         image=image,
         sif=sif_name(image),
-        env_setup=tuple(setup),
+        env_setup=(*activate, *install),
+        activate=tuple(activate),
         test_files=tuple(_changed_files(task.test_patch, where)),
     )
 
@@ -300,6 +309,20 @@ def read_eval_script(script: str, base_commit: str, where: str = "row") -> tuple
             "(swebench 5.x eval scripts have both)"
         )
     return setup, "\n".join(tests), files
+
+
+def eval_script_activation(script: str) -> list[str]:
+    """The lines of a SWE-bench eval script that activate the image's environment: those before its first git
+    command (swebench's make_eval_script_list_py writes the activation, `cd /testbed` and the repository's
+    eval_commands there; the informational git commands, the second activation and the install step come after)."""
+    lines = []
+    for raw in script.splitlines():
+        line = raw.strip()
+        if line.startswith("git ") or _markers()[0] in line or _HEREDOC.search(line):
+            break
+        if line and not line.startswith("#") and not any(p.search(line) for p in _DROPPED):
+            lines.append(line)
+    return lines
 
 
 def test_directives(repo: str, test_patch: str, where: str = "row") -> list[str]:

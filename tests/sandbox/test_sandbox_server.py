@@ -120,6 +120,19 @@ def test_bad_requests_are_rejected_clearly(server):
             client.request("POST", "/v1/sandboxes", {"spec": {"repo_dir": "/x", "evil": 1}})
         with pytest.raises(SandboxError, match="no such sandbox"):
             client.request("POST", "/v1/sandboxes/nope/exec", {"command": "id"})
+        with pytest.raises(SandboxError, match="setup=.* is invalid"):
+            client.request("POST", "/v1/sandboxes", {"spec": {"repo_dir": "/x", "setup": "export A=1"}})
+
+
+def test_a_remote_sandbox_runs_its_environment_setup(server, repo):
+    """SandboxSpec.setup (a task image's activation) crosses the server and runs before the first command, its
+    output discarded; its exports stay and the shell is at workdir whatever the setup changed."""
+    with server.client() as client:
+        sb = client.sandbox(
+            SandboxSpec(repo_dir=str(repo), setup=("echo noise", "export TASK_ENV=on", "cd /"))
+        )
+        sb.start()
+        assert sb.exec("echo $TASK_ENV; pwd").output == b"on\n/testbed\n"
 
 
 MALFORMED = [  # (endpoint, body, the field the answer must name)

@@ -208,10 +208,13 @@ def test_a_swebench_verified_row_is_one_plan(tmp_path, fmt):
         "conda activate testbed",
         "python -m pip install -e .",
     )
+    # The agent's shell runs the activation part only (before the eval script's first git command: no install).
+    assert plan.activate == plan.env_setup[:7]
     assert "trailingnewline" not in plan.command and "git apply" not in plan.command
     assert subprocess.run(["bash", "-n", "-c", plan.command]).returncode == 0
     tg = task_grading(task)  # the grader reads the plan: the SIF, the command, no pytest record for django
     assert (tg.spec.image, tg.spec.workdir, tg.test_cmd) == (plan.sif, "/testbed", plan.command)
+    assert tg.spec.setup == plan.activate
     assert not tg.require_record and tg.canary_file is None
     assert "tests/auth_tests/test_validators.py" in tg.protected
     assert tg.existing_test_files == ["tests/auth_tests/test_validators.py"]
@@ -243,6 +246,7 @@ def test_a_swe_rebench_row_is_one_plan(tmp_path, fmt):
         "cd /testbed",
         "LANG=C.UTF-8 LC_ALL=C.UTF-8 pip install -e .[flask,falcon,starlette]",
     )
+    assert plan.activate == plan.env_setup[:3]  # the install is not the agent's to run
     assert set(plan.test_files) == {"tests/common.json", "tests/test_utils.py"}
     assert subprocess.run(["bash", "-n", "-c", plan.command]).returncode == 0
     tg = task_grading(task)
@@ -375,7 +379,7 @@ def test_build_sifs_and_the_apptainer_backend_agree_for_both_datasets(tmp_path, 
 
 def test_an_image_task_never_copies_the_current_folder_as_its_repository(tmp_path, monkeypatch):
     """Its plan has no host repository (repo_dir ""): Path("") is the current folder, which a workspace must not
-    copy in its place while running a task from its image's /testbed is not implemented (issue 39 item 2)."""
+    copy in its place (the apptainer backend copies the image's /testbed instead; bwrap and local refuse)."""
     from swe_megatron.sandbox.base import SandboxError
     from swe_megatron.sandbox.workspace import Workspace
 
