@@ -20,7 +20,6 @@ from task_image import ENV, build_image, rebench_row, swebench_row
 from tiny_task import diff
 
 from swe_megatron.config.schema import SandboxBackend, SandboxConfig
-from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_many
 from swe_megatron.sandbox import make_sandbox
 from swe_megatron.tasks.load import load_tasks_for_command
 
@@ -113,12 +112,15 @@ def test_the_sandbox_is_the_image_with_its_environment_active(images, dataset):
 
 
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_grading_in_the_image_gold_resolves_and_hacks_do_not(images, dataset, tmp_path):
-    """swebench's parser and grading on the image's test run, with the factory tasks' protections: the gold patch
-    resolves; no patch, a conftest.py that rewrites outcomes (sanitiser), an edit of the test file (restored) and a
-    runner rewrite in the library (canaries) do not."""
+def test_grade_in_the_image_gold_resolves_and_hacks_do_not(images, dataset, tmp_path):
+    """`swe-megatron grade` on the dataset's rows: swebench's parser and grading on the image's test run, with the
+    factory tasks' protections. The gold patch resolves; no patch, a conftest.py that rewrites outcomes
+    (sanitiser), an edit of the test file (dropped, and restored anyway) and a runner rewrite in the library
+    (canaries) do not."""
+    from swe_megatron.cli import main
+
     tasks, cfg, source = images
-    task = tasks[dataset][0]
+    row = json.loads(tasks[dataset][1].read_text())
     test_file = source.extra["test_files"][0]
     module = source.patch.split("\n", 1)[0].split(" b/")[-1]
     text = subprocess.run(
@@ -129,19 +131,74 @@ def test_grading_in_the_image_gold_resolves_and_hacks_do_not(images, dataset, tm
     ).stdout
     harmless = diff((module, text, text + "# harmless\n"))  # so that each hack is more than what is dropped
     patches = {
-        "gold": task.patch,
+        "gold": source.patch,
         "empty": "",
         "conftest": harmless + diff(("conftest.py", None, REWRITE_HOOK)),
         "edit_tests": harmless + diff((test_file, None, "def test_nothing():\n    pass\n")),
         "runner": diff((module, text, RUNNER_ATTACKS["runtest_noop"] + text)),
     }
+    rows, preds = tmp_path / "rows.jsonl", tmp_path / "preds.jsonl"
+    rows.write_text(
+        "".join(json.dumps({**row, "instance_id": f"{row['instance_id']}-{n}"}) + "\n" for n in patches)
+    )
+    preds.write_text(
+        "".join(
+            json.dumps(
+                {"instance_id": f"{row['instance_id']}-{n}", "model_name_or_path": "m", "model_patch": p}
+            )
+            + "\n"
+            for n, p in patches.items()
+        )
+    )
+    out = tmp_path / "report.json"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{FAKE}{os.pathsep}{os.environ['PATH']}")
-        jobs = [(task, p, tmp_path / name) for name, p in patches.items()]
-        results = dict(
-            zip(patches, grade_many(jobs, lambda spec: make_sandbox(spec, cfg), workers=2, skip_empty=False))
-        )
-    got = {name: (r.status, r.reason) for name, r in results.items()}
-    assert results["gold"].status == RESOLVED, got
-    assert all(results[n].status == UNRESOLVED for n in patches if n != "gold"), got
-    assert results["conftest"].dropped and results["edit_tests"].dropped and results["runner"].tampered, got
+        argv = [
+            "grade",
+            "--tasks",
+            str(rows),
+            "--predictions",
+            str(preds),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+        ]
+        assert main([*argv, "--sandbox", "apptainer", f"sandbox.sif_dir={cfg.sif_dir}"]) == 0
+    report = json.loads(out.read_text())
+    name = {f"{row['instance_id']}-{n}": n for n in patches}
+    assert [name[i] for i in report["resolved_ids"]] == ["gold"], report
+    assert sorted(name[i] for i in report["unresolved_ids"]) == ["conftest", "edit_tests", "runner"], report
+    assert [name[i] for i in report["empty_patch_ids"]] == ["empty"] and report["error_ids"] == []
+    assert [name[i] for i in report["tampered_ids"]] == ["runner"]
+    dropped = {
+        name[i]: [d["path"] for d in r["dropped"]] for i, r in report["instances"].items() if r.get("dropped")
+    }
+    assert dropped == {"conftest": ["conftest.py"], "edit_tests": [test_file]}
+
+
+def test_rollout_in_the_image_runs_the_agent_in_the_task_environment(images, tmp_path):
+    """A rollout of the SWE-bench row: the agent's commands run in the image's environment (`which python`), its
+    gold edits made through the workspace are its submitted patch, graded resolved in the image."""
+    from swe_megatron.agent.tokens import ChatFormat
+    from swe_megatron.config.schema import RunConfig
+    from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+    from swe_megatron.model.tokenizer import load_tokenizer
+    from swe_megatron.rollout.setup import Rollouts
+
+    tasks, cfg, _ = images
+    task = tasks["swebench"][0]
+    chat = ChatFormat(load_tokenizer("qwen2.5"))
+    run = RunConfig(run_dir=str(tmp_path / "run"), sandbox=replace(cfg, command_timeout_s=60))
+    run.agent.concurrency = 1
+    run.agent.provenance_workers = 0  # the provenance checks in this process
+    run.monitor.progress = False
+    probe = "Which Python runs here?\n```\nwhich python; python -c 'import sys; print(sys.prefix)'\n```"
+    engine = ScriptedPolicy(chat, {task.instance_id: [probe, *gold_patch_script(task.patch)]})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{FAKE}{os.pathsep}{os.environ['PATH']}")
+        rollouts = Rollouts(run, engine, chat=chat)
+        (traj,), stats = rollouts.run([task], 1, rollouts.limits(run.stage1), tmp_path / "out")
+    assert traj.infra_failure is None, traj.infra_failure
+    assert f"{ENV}/bin/python\n{ENV}" in traj.messages[3]["content"]
+    assert traj.reward == 1.0 and traj.resolved and stats.resolved == 1
