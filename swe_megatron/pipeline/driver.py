@@ -13,6 +13,7 @@ leaving the file for the launcher (which removes it when it starts the next atte
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 
 from swe_megatron.engine.gate import VersionGate
@@ -22,6 +23,7 @@ from swe_megatron.monitor import NullMonitor
 from swe_megatron.monitor.console import UnitClock
 from swe_megatron.pipeline import spmd
 from swe_megatron.pipeline.ahead import Ahead
+from swe_megatron.pipeline import run_lock
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
 from swe_megatron.pipeline.stages import (
     Context,
@@ -71,15 +73,19 @@ def planned_units(cfg) -> list[str]:
 def run(cfg) -> int:
     """Run (or resume) the schedule of cfg on this trainer rank (every rank calls it); returns an exit status."""
     with spmd.start(cfg.parallel, cfg.seed) as world:
-        status = _run(cfg, world)
+        try:
+            status = _run(cfg, world)
+        finally:  # after _run: its servers are stopped by then
+            run_lock.release(cfg.run_dir)
         # Every rank leaves with rank 0's status, and only once rank 0 has stopped its servers: a launcher that
         # kills the remaining ranks when one exits (srun --kill-on-bad-exit, torchrun) does not cut rank 0 short.
         return world.lead(lambda: status)
 
 
 def _open(cfg, run_dir: RunDir) -> tuple[dict, list, FilterReport, dict]:
-    """Rank 0: bind the config to the run directory; training and held-out tasks, the task filters' report;
-    the committed state."""
+    """Rank 0: lock the run directory (UsageError while another driver holds it), bind the config to it; training
+    and held-out tasks, the task filters' report; the committed state."""
+    run_lock.RunLock.take(run_dir.root)  # first: a second start must not write or reap anything of a live run
     if cfg.model.hf_path:
         check_matches_hf(cfg.model, cfg.model.hf_path)  # before anything is written or started
     run_dir.bind_config(cfg)
@@ -115,8 +121,10 @@ def _run(cfg, world: spmd.World) -> int:
     tokenizer_files = world.lead(_resume, cfg, run_dir)
     monitor = world.on_driver(open_monitor, run_dir, cfg, default=NullMonitor())
     world.on_driver(log_task_filter, monitor, task_filter, default=None)
+    # reap=True: this rank holds the run's lock (_open), so servers recorded there are a dead driver's.
+    make_topology = functools.partial(Topology, reap=True)
     topology = world.on_driver(
-        Topology, cfg, run_dir.root / "topology", run_dir.config_path, default=NullTopology()
+        make_topology, cfg, run_dir.root / "topology", run_dir.config_path, default=NullTopology()
     )
     sync = weight_sync.for_run(cfg.engine, tokenizer_files)
     gate = VersionGate(per_episode=not cfg.agent.partial_rollouts)

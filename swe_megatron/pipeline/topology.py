@@ -5,7 +5,8 @@ exit, on Ctrl-C and on SIGTERM (the signal handlers stop the servers first, so i
 instead of running to their turn limit). Children get PR_SET_PDEATHSIG, so they also die when the driver is
 SIGKILLed; their process groups are recorded in RUN/topology/pids.json as well, and the next start in the same
 run directory reaps any that survived (a vLLM server forks its engine core, which a parent-death signal does
-not reach).
+not reach). Only a driver that holds the run folder's lock reaps (reap=True; pipeline/run_lock.py): a second
+start beside a live run is refused before it gets here, so it never stops the live run's servers.
 
 In a Slurm job (cfg.cluster.rendezvous set, see launch/rendezvous.py) it starts no server: it connects to every
 sandbox server and every engine the rendezvous lists, owns none of their processes (the job steps do), and
@@ -90,8 +91,11 @@ class NullTopology:
 class Topology:
     """The engines and sandbox servers of one run (a context manager; see the module docstring)."""
 
-    def __init__(self, cfg, work_dir: Path, config_file: Path):
+    def __init__(self, cfg, work_dir: Path, config_file: Path, reap: bool = False):
         self.cfg = cfg
+        self.reap = reap
+        """Whether to stop the servers an earlier process recorded in pids.json: only for a caller that holds
+        the folder's lock (pipeline/run_lock.py), which proves that process is dead."""
         self.work_dir = Path(work_dir)
         self.config_file = config_file
         self.pid_file = self.work_dir / "pids.json"
@@ -113,7 +117,7 @@ class Topology:
         if self.cfg.cluster.rendezvous:
             self.rendezvous = rendezvous.load(self.cfg.cluster.rendezvous)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        n = reap_stale(self.pid_file)
+        n = reap_stale(self.pid_file) if self.reap else 0
         if n:
             print(f"topology: stopped {n} process group(s) left by a killed earlier driver", file=sys.stderr)
         for sig in (signal.SIGTERM, signal.SIGINT):
