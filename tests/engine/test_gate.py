@@ -14,7 +14,7 @@ import pytest
 from swe_megatron.engine.base import EngineError, Generation
 from swe_megatron.engine.gate import VersionGate
 
-pytestmark = pytest.mark.timeout(60)  # a deadlocking gate fails in a minute, not at the 1800 s default
+pytestmark = pytest.mark.timeout(30)  # a deadlocking gate fails in seconds, not at the 1800 s default
 
 
 class HeldEngine:

@@ -16,6 +16,8 @@ from swe_megatron.engine.gate import VersionGate
 from swe_megatron.pipeline import ahead as ahead_mod
 from swe_megatron.pipeline.ahead import STOPPING, Ahead, BusyClock
 
+pytestmark = pytest.mark.timeout(30, method="thread")  # a deadlock fails in seconds, not at the 1800 s default
+
 
 class FakeTime:
     """time.monotonic under the test's control."""

@@ -22,6 +22,8 @@ from swe_megatron.pipeline.ahead import STOPPING, Ahead
 from swe_megatron.pipeline.rollout_process import RolloutProcess, RolloutProcessError
 
 HERE = str(Path(__file__).resolve().parent)
+pytestmark = pytest.mark.timeout(45, method="thread")  # a deadlock fails in under a minute, not in 1800 s;
+# "thread": the child may hang close() in a finally too, which a signal (one alarm) would not end
 
 
 def _start(spec=None, rotations=()) -> RolloutProcess:
@@ -136,6 +138,20 @@ def test_servers_out_of_rotation_on_either_side_are_dropped_on_the_other():
         sandboxes.drop(0, "gone")  # e.g. the weight sync dropped a server: resume tells the child
         proc.resume(1)
         assert proc.roll("dead") == {"vLLM server": ["e1"], "sandbox server": ["s0"]}
+    finally:
+        proc.close()
+
+
+def test_servers_the_trainer_dropped_reach_the_child_at_pause_not_only_at_resume():
+    """A server dropped on the trainer's side (a failed sync, a health check) is out of the child's rotation as
+    soon as pause() returns: the child's work while paused (its probes, its episodes' next routing) skips it."""
+    engines, sandboxes = rotation("vLLM server", "e0", "e1"), rotation("sandbox server", "s0")
+    proc = _start(rotations=[engines, sandboxes])
+    try:
+        engines.drop(0, "missed the update")
+        proc.pause()
+        assert proc.roll("dead") == {"vLLM server": ["e0"], "sandbox server": []}
+        proc.resume(1)
     finally:
         proc.close()
 
