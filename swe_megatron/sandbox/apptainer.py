@@ -60,6 +60,13 @@ EXTRACT_TIMEOUT_S = 1800
 """How long reading one image's repository may take (a SIF of django's is a few hundred MB)."""
 
 
+def _repo_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's `tar` filter (nothing outside dest, no setuid bits), and only what a repository holds: folders,
+    files, links (a device node or fifo in an image's /testbed is left out)."""
+    member = tarfile.tar_filter(member, dest)
+    return member if member.isreg() or member.isdir() or member.issym() or member.islnk() else None
+
+
 def find_apptainer() -> str:
     """The apptainer binary on the user's PATH (tests put a stand-in first); SandboxError naming the fix."""
     found = shutil.which("apptainer", path=os.environ.get("PATH", SAFE_PATH))
@@ -122,7 +129,7 @@ class ApptainerSandbox(ShellSandbox):
     def _image_repository(self) -> Path:
         """The cached copy of the image's spec.workdir (made on first use: `tar` run inside the image as the
         sandbox user, without network or host files, its stream unpacked on the host with tarfile's `tar` filter,
-        which keeps every member inside the folder)."""
+        which keeps every member inside the folder, and only files, folders and links)."""
         image = Path(self._image_path)
         st = image.stat()
         key = hashlib.sha256(
@@ -151,7 +158,7 @@ class ApptainerSandbox(ShellSandbox):
                 problem = ""
                 try:
                     with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-                        tar.extractall(tmp / "repo", filter="tar")
+                        tar.extractall(tmp / "repo", filter=_repo_member)
                 except (tarfile.TarError, OSError) as e:
                     problem = f"{type(e).__name__}: {e}"
                 finally:

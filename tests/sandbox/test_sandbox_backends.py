@@ -127,3 +127,35 @@ def test_backend_lookup_by_name():
     assert backend_class(SandboxBackend.bwrap).backend == "bwrap"
     with pytest.raises(ConfigError, match="unknown"):
         backend_class("docker")
+
+
+def test_an_image_task_works_on_a_copy_of_the_image_s_repository(apptainer_cfg, cfg, venv, tmp_path):
+    """SandboxSpec without repo_dir: the apptainer backend copies the image's /testbed (read out once per image,
+    files, folders and links only), runs spec.setup before entering it; bwrap refuses such a task in one line."""
+    image = venv.parent / "image.sif"  # a folder image (the stand-in runs its top-level folders)
+    testbed = image / "testbed"
+    testbed.mkdir(parents=True)
+    (testbed / "mod.py").write_text("x = 1\n")
+    os.mkfifo(testbed / "pipe")
+    subprocess.run(["git", "init", "-q", str(testbed)], check=True)
+    subprocess.run(["git", "-C", str(testbed), "add", "mod.py"], check=True)
+    subprocess.run(
+        ["git", "-C", str(testbed), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"],
+        check=True,
+    )
+    subprocess.run(["chmod", "-R", "a+rX", str(image)], check=True)
+    apptainer_cfg = replace(apptainer_cfg, workspace_root=str(venv.parent / "workspaces"))
+    spec = SandboxSpec(repo_dir="", image=str(image), setup=("export FROM_SETUP=1", "cd /"))
+    for _ in range(2):
+        sb = make_sandbox(spec, apptainer_cfg)
+        sb.start()
+        try:
+            assert sb.exec("pwd; cat mod.py; echo $FROM_SETUP; ls").output == b"/testbed\nx = 1\n1\nmod.py\n"
+            sb.write_file("mod.py", b"x = 2\n")
+            assert "+x = 2" in sb.host_patch(1 << 20) and "+x = 2" in sb.exec("git diff").output.decode()
+        finally:
+            sb.stop()
+    cached = list((Path(apptainer_cfg.workspace_root) / ".image-repos").glob("image.sif-*"))
+    assert len(cached) == 1 and (cached[0] / "mod.py").read_text() == "x = 1\n"  # the image's, untouched
+    with pytest.raises(SandboxError, match="only sandbox.backend=apptainer opens"):
+        make_sandbox(spec, cfg).start()
