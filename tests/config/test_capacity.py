@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 
 from swe_megatron.cli import main
+from swe_megatron.config.capacity import derive, idle_warnings
 from swe_megatron.config.load import CapacityWarning, ConfigError, load_config
 from swe_megatron.rollout.plan import RolloutAssumptions, rollout_phase
 
@@ -65,3 +67,69 @@ def test_rollout_phase_scales_with_concurrency_and_prefix_cache():
     assert wide.generated == 3000 * 24 * 300
     uncached = rollout_phase(cfg, "stage1", RolloutAssumptions(prefix_cache=False))
     assert uncached.prefilled == uncached.prefilled_uncached > 10 * wide.prefilled
+
+
+def _cluster(nodes=1, max_concurrent=8, servers=2, per_server=4, concurrency=0, prewarm=-1, grading=False):
+    """Plain data with the fields config/capacity.py reads."""
+    return SimpleNamespace(
+        cluster=SimpleNamespace(nodes=nodes),
+        sandbox=SimpleNamespace(max_concurrent=max_concurrent),
+        engine=SimpleNamespace(num_servers=servers, episodes_per_server=per_server),
+        agent=SimpleNamespace(concurrency=concurrency, prewarm_sandboxes=prewarm, prewarm_grading=grading),
+    )
+
+
+@pytest.mark.parametrize(
+    "nodes, max_concurrent, servers, per_server, want",
+    [
+        (4, 128, 16, 32, 512),  # paper-7b: 512 slots, 512 engine places
+        (4, 128, 16, 64, 512),  # engines could take 1024: the sandbox slots bound it
+        (16, 64, 4, 32, 128),  # 1024 slots: the engines bound it
+        (2, 10, 3, 0, 20),  # engine capacity not stated: every slot
+        (0, 10, 3, 0, 10),  # no node count: one sandbox server
+        (1, 0, 3, 0, 1),  # no slot at all: still one episode (validate.py reports the rest)
+    ],
+)
+def test_derived_concurrency_is_the_smaller_of_engine_places_and_sandbox_slots(
+    nodes, max_concurrent, servers, per_server, want
+):
+    cfg = _cluster(nodes, max_concurrent, servers, per_server)
+    derive(cfg)
+    assert cfg.agent.concurrency == want
+
+
+def test_derived_prewarm_never_overbooks_the_sandbox_slots_and_takes_all_it_can():
+    """Over a grid of clusters: running episodes plus prewarmed sandboxes (each holding a slot per sandbox the
+    episode needs) fit in the slots, and one more prewarmed sandbox would not (or it is at concurrency)."""
+    for slots in range(1, 41):
+        for concurrency in range(1, slots + 1):
+            for grading in (False, True):
+                cfg = _cluster(max_concurrent=slots, concurrency=concurrency, grading=grading)
+                derive(cfg)
+                per, p = 2 if grading else 1, cfg.agent.prewarm_sandboxes
+                where = (slots, concurrency, grading, p)
+                assert 0 <= p <= concurrency and cfg.agent.concurrency == concurrency, where
+                if concurrency * per <= slots:
+                    assert (concurrency + p) * per <= slots, where  # no overbooking
+                    assert p == concurrency or (concurrency + p + 1) * per > slots, where  # none left idle
+
+
+def test_explicit_prewarm_and_concurrency_stay():
+    cfg = _cluster(max_concurrent=100, concurrency=3, prewarm=7)
+    derive(cfg)
+    assert (cfg.agent.concurrency, cfg.agent.prewarm_sandboxes) == (3, 7)
+
+
+@pytest.mark.parametrize("concurrency, warned", [(1, True), (7, True), (8, False), (16, False)])
+def test_the_idle_warning_starts_below_half_the_engine_places(concurrency, warned):
+    cfg = _cluster(servers=4, per_server=4, concurrency=concurrency)  # 16 engine places
+    got = idle_warnings(cfg)
+    assert bool(got) == warned
+    if warned:
+        idle = round(100 * (1 - concurrency / 16))
+        assert got == [
+            f"agent.concurrency={concurrency} keeps {concurrency} episodes in flight on engines that can run 16 "
+            f"(engine.num_servers x episodes_per_server = 4 x 4): {idle}% of them idle; set agent.concurrency=0 "
+            "to derive it from the cluster, or a larger number"
+        ]
+    assert idle_warnings(_cluster(servers=4, per_server=0, concurrency=1)) == []  # capacity not stated
