@@ -61,6 +61,7 @@ def live_driver(tmp_path):
         os.killpg(server, signal.SIGKILL)
 
 
+@pytest.mark.e2e  # the real `swe-megatron run` up to its lock (~30 s on 2 cores)
 def test_a_second_run_beside_a_live_driver_is_refused_with_one_line_and_stops_nothing(live_driver):
     run, driver, server = live_driver
     env = dict(os.environ, OMP_NUM_THREADS="1")
