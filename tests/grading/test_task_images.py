@@ -46,7 +46,12 @@ def images(factory_task_files):
     folder.chmod(0o755)
     sif_dir = folder / "sifs"
     sif_dir.mkdir(mode=0o755)
-    cfg = replace(SandboxConfig(), backend=SandboxBackend.apptainer, sif_dir=str(sif_dir))
+    cfg = replace(  # workspaces (and the image repositories read out) in the folder removed afterwards
+        SandboxConfig(),
+        backend=SandboxBackend.apptainer,
+        sif_dir=str(sif_dir),
+        workspace_root=str(folder / "workspaces"),
+    )
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{FAKE}{os.pathsep}{os.environ['PATH']}")
@@ -164,7 +169,8 @@ def test_grade_in_the_image_gold_resolves_and_hacks_do_not(images, dataset, tmp_
             "--workers",
             "2",
         ]
-        assert main([*argv, "--sandbox", "apptainer", f"sandbox.sif_dir={cfg.sif_dir}"]) == 0
+        sandbox = [f"sandbox.sif_dir={cfg.sif_dir}", f"sandbox.workspace_root={cfg.workspace_root}"]
+        assert main([*argv, "--sandbox", "apptainer", *sandbox]) == 0
     report = json.loads(out.read_text())
     name = {f"{row['instance_id']}-{n}": n for n in patches}
     assert [name[i] for i in report["resolved_ids"]] == ["gold"], report
