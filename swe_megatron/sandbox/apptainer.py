@@ -62,9 +62,13 @@ EXTRACT_TIMEOUT_S = 1800
 
 def _repo_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
     """tarfile's `tar` filter (nothing outside dest, no setuid bits), and only what a repository holds: folders,
-    files, links (a device node or fifo in an image's /testbed is left out)."""
+    files, links (a device node or fifo in an image's /testbed is left out), owned by this process."""
     member = tarfile.tar_filter(member, dest)
-    return member if member.isreg() or member.isdir() or member.issym() or member.islnk() else None
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        return None
+    # Owned by this process, not by whoever the image names (the stand-in's user namespace says `nobody`): no
+    # other user may change the pristine copy later sandboxes start from.
+    return member.replace(uid=os.getuid(), gid=os.getgid(), uname="", gname="", deep=False)
 
 
 def find_apptainer() -> str:

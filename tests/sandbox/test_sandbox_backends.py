@@ -157,5 +157,6 @@ def test_an_image_task_works_on_a_copy_of_the_image_s_repository(apptainer_cfg, 
             sb.stop()
     cached = list((Path(apptainer_cfg.workspace_root) / ".image-repos").glob("image.sif-*"))
     assert len(cached) == 1 and (cached[0] / "mod.py").read_text() == "x = 1\n"  # the image's, untouched
+    assert {p.stat().st_uid for p in [cached[0], *cached[0].rglob("*")]} == {os.getuid()}
     with pytest.raises(SandboxError, match="only sandbox.backend=apptainer opens"):
         make_sandbox(spec, cfg).start()
