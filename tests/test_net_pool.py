@@ -1,0 +1,162 @@
+"""net.py's ConnectionPool against a real HTTP/1.1 server on localhost that counts what it receives, and
+raise_open_files against a stand-in for the resource module (limits as plain numbers)."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from swe_megatron import net
+from swe_megatron.errors import UsageError
+from swe_megatron.net import ConnectionPool, raise_open_files
+
+pytestmark = pytest.mark.timeout(60)
+SLOW_S = 1.5
+
+
+@pytest.fixture
+def counting_server():
+    """(pool factory, {path: requests received}): /ok answers at once and keeps the connection; /slow answers
+    after SLOW_S; /drop closes the connection without an answer; /bye answers as kept-alive, then closes."""
+    seen: Counter = Counter()
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen[self.path] += 1
+            if self.path == "/drop":
+                self.close_connection = True
+                return
+            if self.path == "/slow":
+                time.sleep(SLOW_S)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+            self.close_connection = self.path == "/bye"
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    pools: list[ConnectionPool] = []
+
+    def pool(timeout_s: float = 30.0) -> ConnectionPool:
+        pools.append(ConnectionPool("127.0.0.1", httpd.server_address[1], timeout_s))
+        return pools[-1]
+
+    yield pool, seen
+    for p in pools:
+        p.close()
+    httpd.shutdown()
+
+
+def test_a_request_dropped_on_a_new_connection_is_not_sent_again(counting_server):
+    pool, seen = counting_server
+    with pytest.raises(http.client.RemoteDisconnected):
+        pool().exchange("POST", "/drop", b"x")
+    assert seen["/drop"] == 1
+
+
+def test_a_timed_out_request_on_a_kept_connection_is_not_sent_again(counting_server):
+    """The server may be working on it (a generation): a timeout is raised, never retried."""
+    pool, seen = counting_server
+    p = pool()
+    assert p.exchange("POST", "/ok", b"x") == (200, b"ok")  # the connection is kept
+    with pytest.raises(TimeoutError):
+        p.exchange("POST", "/slow", b"x", timeout_s=0.3)
+    time.sleep(0.2)
+    assert seen["/slow"] == 1
+
+
+def test_a_kept_connection_takes_each_requests_own_timeout(counting_server):
+    pool, _ = counting_server
+    p = pool(timeout_s=30.0)
+    assert p.exchange("POST", "/ok", b"x") == (200, b"ok")
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        p.exchange("POST", "/slow", b"x", timeout_s=0.3)  # on a connection kept from a 30 s request
+    assert time.monotonic() - start < SLOW_S
+    short = pool(timeout_s=0.3)
+    assert short.exchange("POST", "/ok", b"x", timeout_s=0.3) == (200, b"ok")
+    assert short.exchange("POST", "/slow", b"x", timeout_s=10) == (200, b"ok")  # kept at 0.3 s, now 10 s
+
+
+def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one(counting_server):
+    pool, seen = counting_server
+    p = pool()
+    assert p.exchange("POST", "/bye", b"x") == (200, b"ok")  # answered as kept, then closed by the server
+    time.sleep(0.1)
+    assert p.exchange("POST", "/ok", b"x") == (200, b"ok")
+    assert seen["/ok"] == 1
+
+
+class Limits:
+    """A stand-in for the resource module: RLIMIT_NOFILE as plain numbers, every setrlimit recorded."""
+
+    RLIMIT_NOFILE, RLIM_INFINITY = 7, -1
+
+    def __init__(self, soft: int, hard: int):
+        self.limits, self.set = (soft, hard), []
+
+    def getrlimit(self, which):
+        assert which == self.RLIMIT_NOFILE
+        return self.limits
+
+    def setrlimit(self, which, limits):
+        assert which == self.RLIMIT_NOFILE
+        self.set.append(limits)
+        self.limits = limits
+
+
+@pytest.mark.parametrize(
+    "soft, hard, need, raised_to",
+    [
+        (4352, 8192, 4352, None),  # exactly enough: untouched
+        (5000, 8192, 4352, None),
+        (-1, -1, 4352, None),  # unlimited
+        (1024, 8192, 4352, 8192),  # up to the hard limit
+        (1024, 4352, 4352, 4352),
+        (1024, -1, 4352, 1 << 16),  # no hard limit: 65536
+        (1024, -1, 100_000, 100_000),
+    ],
+)
+def test_the_open_files_limit_is_raised_only_when_short(monkeypatch, soft, hard, need, raised_to):
+    fake = Limits(soft, hard)
+    monkeypatch.setattr(net, "resource", fake)
+    assert raise_open_files(need, "x") == (soft if raised_to is None else raised_to)
+    assert fake.set == ([] if raised_to is None else [(raised_to, hard)])
+
+
+def test_a_hard_limit_below_the_need_is_an_error_and_changes_nothing(monkeypatch):
+    fake = Limits(1024, 4351)
+    monkeypatch.setattr(net, "resource", fake)
+    with pytest.raises(
+        UsageError, match="needs about 4352 open files, but this process may open at most 4351"
+    ):
+        raise_open_files(4352, "agent.concurrency=1024")
+    assert fake.set == []
+
+
+def test_the_retry_takes_a_new_connection_not_another_kept_one(counting_server):
+    """Every kept connection may be stale after the server closed them: the one retry goes on a new one."""
+    pool, seen = counting_server
+    p = pool()
+    kept = [p.take(), p.take()]
+    for conn in kept:
+        conn.request("POST", "/bye", body=b"x")
+        resp = conn.getresponse()
+        resp.read()
+        p.give(conn, resp)  # answered as kept-alive: back in the pool, then closed by the server
+    time.sleep(0.1)
+    assert p.exchange("POST", "/ok", b"x") == (200, b"ok")
+    assert seen == {"/bye": 2, "/ok": 1}
