@@ -34,6 +34,13 @@ def port_or_free(port: int) -> int:
             return free_port()
 
 
+def server_port(first: int, i: int = 0) -> int:
+    """The port of server i of a group configured to start at port `first`: first + i when free on localhost,
+    else any free port (another run may hold it); first 0: any free port, as `sandbox-server --port 0` (a
+    server told port 0 binds one the caller could not poll, so the port is picked here and passed explicitly)."""
+    return free_port() if first == 0 else port_or_free(first + i)
+
+
 def http_health(
     url: str, timeout_s: float, path: str = "/health", headers: Mapping[str, str] | None = None
 ) -> str | None:

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from swe_megatron.net import free_port, http_health, port_or_free, wait_healthy
+from swe_megatron.net import free_port, http_health, port_or_free, server_port, wait_healthy
 
 
 @pytest.fixture
@@ -36,6 +36,22 @@ def test_ports():
         assert port_or_free(taken) != taken
     port = free_port()
     assert port_or_free(port) == port
+
+
+def test_server_port_zero_is_a_real_free_port_the_caller_can_poll():
+    """engine.port=0 (issue 42 item 2): each server gets a real port, never 0 (a server told port 0 binds one the
+    driver cannot know and then polls port 0); a taken first port falls back to a free one too."""
+    ports = [server_port(0, i) for i in range(3)]
+    assert all(p > 0 for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # free
+    first = free_port()
+    assert server_port(first, 0) == first
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        assert server_port(taken, 0) not in (taken, 0)
 
 
 def test_probe_and_wait(server):

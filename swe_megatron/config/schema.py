@@ -351,7 +351,7 @@ class EngineConfig:
     """Skip graph capture/compile (faster start on CPU). On CPU also no torch.compile of vLLM's sampler helpers
     (TORCHDYNAMO_DISABLE=1 in the server)."""
     port: int = 8100
-    """First port; server i listens on port + i."""
+    """First port; server i listens on port + i (any free port when that one is taken); 0: any free port."""
     request_timeout_s: float = 600.0
     """Per-request timeout; a timeout is an infrastructure failure."""
     weight_sync: str = "file"

@@ -332,6 +332,11 @@ def _sandbox_engine_problems(cfg: Any) -> list[str]:
     for key in ("weight_sync_bucket_mb", "weight_sync_timeout_s"):
         if not 0 < getattr(e, key) < math.inf:
             out.append(f"engine.{key}={getattr(e, key)} is invalid; allowed: > 0 (finite)")
+    if not 0 <= e.port <= 65536 - max(1, e.num_servers):
+        out.append(
+            f"engine.port={e.port} is invalid; allowed: 0 (any free port) .. {65536 - max(1, e.num_servers)} "
+            f"(server i listens on engine.port + i, engine.num_servers={e.num_servers})"
+        )
     if not 0 <= e.weight_sync_port <= 65535:
         out.append(
             f"engine.weight_sync_port={e.weight_sync_port} is invalid; allowed: 0 (any free port) .. 65535"

@@ -26,7 +26,7 @@ from swe_megatron.engine.weight_receiver import WORKER_EXTENSION
 from swe_megatron.model.hf_config import hf_config_dict
 from swe_megatron.model.hub import resolve_model_path
 from swe_megatron.model.tiny import save_tiny_checkpoint
-from swe_megatron.net import wait_healthy
+from swe_megatron.net import server_port, wait_healthy
 from swe_megatron.procfs import die_with_parent
 
 
@@ -265,9 +265,12 @@ class VllmServer:
 def start_servers(
     model_dir: str, cfg: EngineConfig, work_dir: Path, max_model_len: int, served_name: str = "policy"
 ) -> list[VllmServer]:
-    """Start cfg.num_servers servers on consecutive ports and wait for all; stops them all on failure."""
+    """Start cfg.num_servers servers on consecutive ports from cfg.port (net.server_port: a taken one or 0 means any
+    free port) and wait for all; stops them all on failure."""
     servers = [
-        VllmServer(model_dir, cfg.port + i, cfg, work_dir / f"server{i}", max_model_len, served_name)
+        VllmServer(
+            model_dir, server_port(cfg.port, i), cfg, work_dir / f"server{i}", max_model_len, served_name
+        )
         for i in range(cfg.num_servers)
     ]
     try:

@@ -28,6 +28,7 @@ from swe_megatron.config.load import load_config
 from swe_megatron.launch import rendezvous
 from swe_megatron.launch.layout import job_layout
 from swe_megatron.launch.slurm_env import SlurmEnv
+from swe_megatron.net import server_port
 
 EXIT_RESUMABLE = 75
 """Exit status of a trainer step stopped before the end of its schedule (the job should be requeued)."""
@@ -134,7 +135,7 @@ def engine(job_dir: str, config: str, overrides: list[str], stage: str, environ=
     # model.hf_path's weights (a null one: the tiny random weights the run initialises from) with the trainer's
     # config.json, so the server has the trainer's rope scaling before the run reloads its weights.
     model_dir = str(engine_model_dir(cfg.model, work / "model", seed=cfg.seed))
-    port = cfg.engine.port + env.local_rank
+    port = server_port(cfg.engine.port, env.local_rank)  # the real port is what the rendezvous publishes
     context = (
         getattr(cfg, stage).context_length
         if stage

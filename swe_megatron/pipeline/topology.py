@@ -38,7 +38,7 @@ from swe_megatron.engine.vllm_server import VllmServer, engine_model_dir
 from swe_megatron.errors import stop_on_signal
 from swe_megatron.launch import rendezvous
 from swe_megatron.model.tokenizer import load_tokenizer
-from swe_megatron.net import free_port, port_or_free, wait_healthy
+from swe_megatron.net import free_port, server_port, wait_healthy
 from swe_megatron.procfs import die_with_parent, proc_stat
 from swe_megatron.rollout.routing import RoutedEngine, SandboxPool, policy_engine, run_sandboxes
 
@@ -174,9 +174,8 @@ class Topology:
             return self.engine
         # The trainer's config.json (rope scaling), whatever folder the weights come from.
         served = str(engine_model_dir(self.cfg.model, self.work_dir / "model", model_dir))
-        # engine.port + i when free, else any free port (other runs on the machine may hold it).
         self.servers = [
-            VllmServer(served, port_or_free(ecfg.port + i), ecfg, self.work_dir / f"vllm{i}", max_model_len)
+            VllmServer(served, server_port(ecfg.port, i), ecfg, self.work_dir / f"vllm{i}", max_model_len)
             for i in range(ecfg.num_servers)
         ]
         for s in self.servers:

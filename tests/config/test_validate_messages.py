@@ -256,6 +256,22 @@ def test_the_preset_is_valid(base):
         (["algo.max_staleness=0"], []),
         (["engine.weight_sync_port=65535"], []),  # V3: the last port, and 0 (any free port)
         (["engine.weight_sync_port=0"], []),
+        (["engine.port=0"], []),  # 0: any free port (issue 42 item 2), as sandbox-server --port 0
+        (["engine.port=65534", "engine.num_servers=2"], []),  # the last server on the last port
+        (
+            ["engine.port=65535", "engine.num_servers=2"],
+            [
+                "engine.port=65535 is invalid; allowed: 0 (any free port) .. 65534 (server i listens on "
+                "engine.port + i, engine.num_servers=2)"
+            ],
+        ),
+        (
+            ["engine.port=-1"],
+            [
+                "engine.port=-1 is invalid; allowed: 0 (any free port) .. 65535 (server i listens on "
+                "engine.port + i, engine.num_servers=1)"
+            ],
+        ),
         (
             ["algo.max_staleness=16"],
             [

@@ -10,10 +10,9 @@ from swe_megatron.agent.prompts import load_prompts
 from swe_megatron.agent.tokens import ChatFormat, check_provenance
 from swe_megatron.config.schema import AgentConfig, EngineConfig, ModelConfig, SamplingConfig
 from swe_megatron.engine.vllm import VllmEngine, post_json
-from swe_megatron.engine.vllm_server import VllmServer
+from swe_megatron.engine.vllm_server import start_servers
 from swe_megatron.model.tiny import save_tiny_checkpoint, tiny_qwen2
 from swe_megatron.model.tokenizer import load_tokenizer
-from swe_megatron.net import free_port
 from swe_megatron.rollout.rollouts import GradeOutcome, RolloutSetup, run_rollouts
 from swe_megatron.trajectory import ExitReason
 
@@ -33,10 +32,14 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     model_dir = save_tiny_checkpoint(TINY, root / "model", seed=0)
     # A compile cache of its own: what the server compiles shows there.
-    cfg = EngineConfig(cpu_kvcache_gib=1, cache_dir=str(root / "cache"))
-    srv = VllmServer(str(model_dir), free_port(), cfg, root / "work", max_model_len=4096)
-    with srv:
+    # port=0: any free port (issue 42 item 2), through the same start_servers the rollout command uses.
+    cfg = EngineConfig(cpu_kvcache_gib=1, cache_dir=str(root / "cache"), port=0)
+    (srv,) = start_servers(str(model_dir), cfg, root / "work", max_model_len=4096)
+    try:
+        assert srv.port != 0
         yield srv
+    finally:
+        srv.stop()
 
 
 def test_an_eager_server_on_cpu_compiles_nothing(server, chat):
