@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -20,7 +21,7 @@ from swe_megatron.engine.base import EngineError
 
 # UsageError lives outside this module so `python -m swe_megatron.cli` (which loads this file as
 # __main__) catches the same class the command modules raise; re-exported here for them.
-from swe_megatron.errors import UsageError, stop_on_signal
+from swe_megatron.errors import RankZeroFailed, UsageError, stop_on_signal
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main", "parse_args"]
 
@@ -72,8 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run one subcommand. User errors become one line on stderr and exit 2; an engine
-    failure that ends a run (a failed weight sync, no server left) one line and exit 1; Ctrl-C and SIGTERM one
-    line saying what is kept (a command's `args.kept()`, if it sets one) and exit 128 + signal."""
+    failure that ends a run (a failed weight sync, no server left) one line and exit 1, as does a trainer rank
+    stopped by rank 0's failure; Ctrl-C and SIGTERM one line saying what is kept (a command's `args.kept()`, if it
+    sets one) and exit 128 + signal; a closed stdout (`| head`) nothing, exit 141 as for SIGPIPE."""
     args = parse_args(argv)
     handlers = _catch_signals()
     try:
@@ -85,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as e:
         print(f"swe-megatron {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except RankZeroFailed as e:
+        # Rank 0 printed the cause; the others add one line each, not a traceback apiece.
+        print(f"swe-megatron {args.command}: rank {e.rank} stops because rank 0 failed (rank 0 says why)",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python's exit-time flush from reporting it too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt as e:
         logging.disable(logging.WARNING)
         kept = getattr(args, "kept", None)

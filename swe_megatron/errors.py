@@ -9,6 +9,16 @@ class UsageError(Exception):
     """A mistake in what the user asked for (bad file, bad argument); printed as one line, exit 2."""
 
 
+class RankZeroFailed(RuntimeError):
+    """Rank 0 failed in work it does alone (rollouts, commits); the other trainer ranks stop with this, and the CLI
+    says so in one line (rank 0 prints the cause: pipeline/spmd.py)."""
+
+    def __init__(self, rank: int, cause: str):
+        super().__init__(f"rank 0 failed, so rank {rank} stops: {cause}")
+        self.rank = rank
+        """The rank that stops."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or SIGTERM: the command stops; the CLI prints one line saying what is kept."""
 

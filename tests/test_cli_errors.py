@@ -192,3 +192,33 @@ def test_an_interrupt_is_one_line(tmp_path, sig, rc):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == rc
     assert err == "swe-megatron nap: interrupted; committed: 2 unit(s); rerun the same command to resume\n"
+
+
+def test_show_trajectory_into_a_closed_pipe_exits_quietly(tmp_path):
+    """`show-trajectory FILE | head -3` (issue 42 item 3): the reader is gone before the output is written; no
+    BrokenPipeError traceback, no "Exception ignored" at exit; exit 141 as a process killed by SIGPIPE."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("algo_conftest", ROOT / "tests" / "algo" / "conftest.py")
+    algo_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(algo_conftest)  # its build_trajectory: a consistent trajectory
+    traj = tmp_path / "trajectories.jsonl"
+    traj.write_text(algo_conftest.build_trajectory(turns=3).to_json() + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "swe_megatron.cli", "show-trajectory", str(traj)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc.stdout.close()  # as `head` does once it has its lines: the command writes after this
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGPIPE and err == "", err
+
+
+@pytest.mark.e2e  # starts torch.distributed and Megatron-Core's groups (~20 s on 2 cores)
+def test_recompute_on_cpu_is_one_line(tmp_path):
+    """parallel.recompute=full on a machine without CUDA (issue 42 item 3): the message cpu_compat gives, as the
+    CLI's one line, not a traceback."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "swe_megatron.cli", "run", "embedded", "parallel.recompute=full",
+                          f"run_dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("swe-megatron run: error: parallel.recompute=full needs CUDA"), out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr

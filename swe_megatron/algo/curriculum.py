@@ -5,7 +5,11 @@ is plain data (`to_dict` / `from_dict`), which the run directory saves after eve
 resumes where it stopped (pipeline/run_dir.py). Sampling walks seeded permutations of the active tasks (one per epoch),
 so every task is seen about equally often and iteration i draws the same tasks after a restart.
 Entering a stage can refresh the pool; the paper's stage 2 drops tasks solved in >= 2/3 of their
-attempts over training so far (too easy) and tasks never solved (too hard).
+attempts over training so far (too easy) and tasks never solved (too hard). A refresh that would leave no
+task stops the run with one line (UsageError) instead of keeping the pool: every task it would train on was
+judged too easy or too hard, so stage 2 would spend its iterations on groups of equal rewards, which train
+nothing; whether that is acceptable is the user's call (the line names the settings), and the run resumes at
+the stage once one is changed (the stage had not started, so its refresh settings may change).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from swe_megatron.errors import UsageError
 from swe_megatron.trajectory import Trajectory
 
 POOL_FORMAT = 1
@@ -216,11 +221,16 @@ class TaskPool:
             return RefreshReport(**rep) if rep is not None else None
         report = None
         if refresh is not None:
+            before = self.active
             self.active, report = refresh_pool(self.active, self.stats(), refresh)
             if not self.active:
-                raise ValueError(
-                    f"refreshing the pool for {stage} left no tasks ({report}); relax refresh_max_solve_rate "
-                    "or refresh_drop_never_solved"
+                self.active = before  # nothing changes: the pool stays as committed
+                raise UsageError(
+                    f"refreshing the task pool for {stage} leaves no task: of {report.tasks_in}, "
+                    f"{report.dropped_too_easy} were solved in >= {refresh.max_solve_rate:.0%} of their attempts, "
+                    f"{report.dropped_never_solved} never, {report.dropped_unattempted} never tried; the units "
+                    f"before {stage} are committed: rerun with {stage}.refresh_pool=false (train on the whole pool), "
+                    f"a higher {stage}.refresh_max_solve_rate or {stage}.refresh_drop_never_solved=false to go on"
                 )
             self.refresh_reports[stage] = asdict(report)
         self.stage = stage

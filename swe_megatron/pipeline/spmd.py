@@ -30,15 +30,12 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from swe_megatron.errors import UsageError
+from swe_megatron.errors import RankZeroFailed, UsageError
 from swe_megatron.launch.dist_env import DistEnv
 from swe_megatron.train import parallel
 
 T = TypeVar("T")
-
-
-class RankZeroFailed(RuntimeError):
-    """Rank 0 failed in work it does alone (rollouts, commits); the other ranks stop with this."""
+__all__ = ["RankZeroFailed", "World", "start"]
 
 
 class World:
@@ -59,7 +56,7 @@ class World:
         if not self.driver:
             ok, payload = self._broadcast(None)
             if not ok:
-                raise RankZeroFailed(f"rank 0 failed, so rank {self.rank} stops: {payload}")
+                raise RankZeroFailed(self.rank, payload)
             return payload
         try:
             value = fn(*args)

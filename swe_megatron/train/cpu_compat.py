@@ -35,14 +35,17 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
+from swe_megatron.errors import UsageError
+
 PATCHED_VERSION = "0.19.2"
 """The megatron-core release these patches were written and tested against."""
 
 _state: dict[str, object] = {"enabled": False, "mode": None}
 
 
-class UnsupportedOnCpu(ValueError):
-    """A trainer setting that needs CUDA kernels was asked for on a machine without CUDA."""
+class UnsupportedOnCpu(UsageError, ValueError):
+    """A trainer setting that needs CUDA kernels was asked for on a machine without CUDA (a UsageError: the CLI's
+    one line, not a traceback)."""
 
 
 def _is_cuda_device(device: object) -> bool:

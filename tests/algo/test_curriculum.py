@@ -7,6 +7,7 @@ import pytest
 
 from swe_megatron.algo import RefreshRule, TaskPool, TaskStats, outcomes, refresh_pool
 from swe_megatron.config.schema import StageConfig
+from swe_megatron.errors import UsageError
 
 from .conftest import build_trajectory
 
@@ -153,12 +154,21 @@ def test_stage_two_refresh_uses_all_history_and_is_applied_once():
     assert reopened.active == ["good", "unseen"]
 
 
-def test_refresh_that_empties_the_pool_is_an_error():
-    pool = TaskPool(["a", "b"], seed=0)
+def test_refresh_that_empties_the_pool_is_one_line_naming_the_settings_and_changes_nothing():
+    """Issue 42 item 3: a UsageError (the CLI's one line, not a traceback) that says how to go on; the pool is left
+    as it was, so a rerun with a changed setting starts the stage from the committed pool."""
+    pool = TaskPool(["a", "b", "c"], seed=0)
     pool.start_stage("stage1")
     pool.record(0, [("a", True), ("b", False)])
-    with pytest.raises(ValueError, match="left no tasks"):
-        pool.start_stage("stage2", RefreshRule())
+    with pytest.raises(UsageError) as e:
+        pool.start_stage("stage2", RefreshRule(keep_unattempted=False))
+    assert str(e.value) == (
+        "refreshing the task pool for stage2 leaves no task: of 3, 1 were solved in >= 67% of their attempts, 1 "
+        "never, 1 never tried; the units before stage2 are committed: rerun with stage2.refresh_pool=false (train "
+        "on the whole pool), a higher stage2.refresh_max_solve_rate or stage2.refresh_drop_never_solved=false to go on"
+    )
+    assert (pool.stage, pool.active) == ("stage1", ["a", "b", "c"])
+    assert pool.start_stage("stage2", RefreshRule(drop_never_solved=False, keep_unattempted=False)).kept == 1
 
 
 def test_misuse_is_a_clear_error():

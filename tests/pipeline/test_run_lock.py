@@ -52,7 +52,9 @@ def _group_alive(pgid: int) -> bool:
 def live_driver(tmp_path):
     """(run folder, driver process, its server's pid) of a live stand-in driver; everything stopped at the end."""
     run = tmp_path / "run"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(run)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(run)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     server = int(driver.stdout.readline())
     yield run, driver, server
     driver.kill()
@@ -82,7 +84,10 @@ def test_a_second_run_beside_a_live_driver_is_refused_with_one_line_and_stops_no
     assert second.returncode == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert f"pid {driver.pid} on host {socket.gethostname()}" in lines[0] and f"kill -INT {driver.pid}" in lines[0]
+    assert (
+        f"pid {driver.pid} on host {socket.gethostname()}" in lines[0]
+        and f"kill -INT {driver.pid}" in lines[0]
+    )
     assert driver.poll() is None and _group_alive(server)
     assert not (run / "config.yaml").exists()  # the refused start wrote nothing of a run
     assert json.loads((run / "driver.json").read_text())["pid"] == driver.pid
@@ -118,7 +123,9 @@ def test_the_lock_is_not_inherited_by_servers_the_driver_starts(tmp_path):
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(child.pid, flush=True)
     """)
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=ROOT
+    )
     child = int(out.stdout)
     try:
         assert _group_alive(child) and run_lock.holder(tmp_path) is None
