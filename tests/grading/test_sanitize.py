@@ -60,6 +60,22 @@ def test_ordinary_edit_is_kept_byte_for_byte():
         ("_pytest/runner.py", "shadows the test runner or standard library"),
         ("json.py", "shadows the test runner or standard library"),
         ("_swe_megatron_grade_record.py", "shadows the test runner or standard library"),
+        # Each a path only one entry of the policy reaches (no other rule would drop it):
+        (".pytest_cache/v/cache/lastfailed", "git or cache internals"),
+        ("pkg/__pycache__/notes.txt", "git or cache internals"),
+        (".gitmodules", "git or cache internals"),
+        ("pkg/.git/config", "git or cache internals"),
+        ("pytest.toml", "test runner config"),
+        (".pytest.toml", "test runner config"),
+        ("lib/sitecustomize.py", "interpreter start-up hook"),
+        ("lib/dist/entry_points.txt", "package metadata"),
+        ("pluggy/_hooks.py", "shadows the test runner or standard library"),
+        ("py.py", "shadows the test runner or standard library"),
+        ("iniconfig/__init__.py", "shadows the test runner or standard library"),
+        ("xdist/plugin.py", "shadows the test runner or standard library"),
+        ("lib/testing/data.txt", "test file"),
+        ("lib/test/data.txt", "test file"),
+        ("lib/tests/data.txt", "test file"),
     ],
 )
 def test_protected_paths_are_dropped(path, reason):
