@@ -1,0 +1,56 @@
+"""The warm start trains to a loss target (issue 38): it stops after the first epoch whose mean loss per action token
+is at most rft.warm_start_loss_target, never runs more than rft.warm_start_epochs, and says so when the target was
+not reached. The trainer here is a stand-in that reports scripted losses (the real one: test_warm_start_guard.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from swe_megatron.config.schema import StageConfig
+from swe_megatron.pipeline.stages import epoch_loss, warm_start_sft
+
+
+class ScriptedLosses:
+    """Trainer stand-in: update() returns the next epoch's loss for every step (action tokens = samples)."""
+
+    def __init__(self, per_epoch: list[float], steps_per_epoch: int):
+        self.per_epoch, self.steps, self.calls = list(per_epoch), steps_per_epoch, 0
+
+    def update(self, samples, num_steps, loss):
+        epoch = self.calls // self.steps
+        self.calls += 1
+        return [{"loss": self.per_epoch[epoch], "action_tokens": float(len(samples))}]
+
+
+def _stage(target: float, most: int) -> StageConfig:
+    return StageConfig(batch_size=2, min_optimizer_steps=1, max_optimizer_steps=0, warm_start_epochs=most,
+                       warm_start_loss_target=target)  # fmt: skip
+
+
+def test_stops_at_the_first_epoch_at_or_under_the_target():
+    # binary fractions: the epoch's token-weighted mean is exact
+    trainer, said = ScriptedLosses([3.0, 0.5, 0.25, 0.125, 0.0625, 0.0625], steps_per_epoch=3), []
+    steps, losses = warm_start_sft(trainer, _stage(0.125, 6), list(range(6)), seed=0, say=said.append)
+    assert losses == [3.0, 0.5, 0.25, 0.125] and len(steps) == 4 * 3
+    assert said[-1] == "epoch 4/6, loss 0.1250 (target 0.125)"
+
+
+def test_runs_at_most_warm_start_epochs_and_warns_when_the_target_is_missed():
+    trainer, said = ScriptedLosses([3.0, 0.5, 0.25], steps_per_epoch=3), []
+    _, losses = warm_start_sft(trainer, _stage(0.05, 3), list(range(6)), seed=0, say=said.append)
+    assert losses == [3.0, 0.5, 0.25]
+    assert said[-1].startswith("WARNING: the loss 0.2500 is above rft.warm_start_loss_target=0.05 after 3 epochs")
+
+
+def test_no_target_runs_every_epoch_quietly_but_the_last_line():
+    trainer, said = ScriptedLosses([3.0, 0.0, 0.0], steps_per_epoch=3), []
+    _, losses = warm_start_sft(trainer, _stage(0.0, 3), list(range(6)), seed=0, say=said.append)
+    # a loss of exactly 0 meets a 0 target: with no target the loop still stops there (nothing left to learn)
+    assert losses == [3.0, 0.0] and not any(s.startswith("WARNING") for s in said)
+
+
+def test_epoch_loss_weighs_steps_by_their_action_tokens():
+    assert epoch_loss([{"loss": 1.0, "action_tokens": 30.0}, {"loss": 0.0, "action_tokens": 10.0}]) == 0.75
+    assert epoch_loss([]) != epoch_loss([])  # nan: no tokens, no loss
+    with pytest.raises(KeyError):
+        epoch_loss([{"loss": 1.0}])
