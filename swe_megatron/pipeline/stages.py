@@ -250,6 +250,90 @@ def warm_start_sft(trainer: Trainer, stage, samples: list[TrainSample], seed: in
     return steps, losses
 
 
+def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Path) -> None:
+    """The unit's metrics to TensorBoard (async/* only when async is on; the key curves again under key/<stage>/;
+    a text marker where a stage begins), sample trajectories as text, and to the unit's metrics.json."""
+    step, (stage, it) = ctx.run.step, unit.split(":")
+    stage = "warm_start" if it == "warm_start" else stage
+    shown = {g: v for g, v in metrics.items() if g != "async" or ctx.cfg.algo.max_staleness >= 1}
+    for group, values in shown.items():
+        ctx.monitor.scalars(group, values, step)
+    ctx.monitor.scalars(f"key/{stage}", key_curves(shown), step)
+    if it in ("0", "warm_start"):
+        ctx.monitor.text("stages", f"**{stage}** begins at iteration {step} (unit {unit})", step)
+    ctx.monitor.histogram("episode/steps_hist", [t.num_steps for t in trajs], step)
+    ctx.monitor.histogram("episode/tokens_hist", [len(t.token_ids) for t in trajs], step)
+    picks = sorted(trajs, key=lambda t: (not t.resolved, t.task_id, t.sample_index))
+    for i, t in enumerate(picks[: ctx.cfg.monitor.sample_trajectories]):
+        ctx.monitor.text(f"samples/{i}", f"{unit}\n\n```\n{render_trajectory(t)[:20000]}\n```", step)
+    ctx.monitor.flush()
+    (unit_dir / "metrics.json").write_text(json.dumps(metrics, indent=1, default=float))
+
+
+def _rollouts(ctx: Context, stage, tasks: list[Task], samples: int, unit_dir: Path, engine=None):
+    """tasks x samples episodes at the stage's limits through the run's Rollouts; (trajectories, timings)."""
+    r = ctx.rollouts
+    trajs, stats = r.run(tasks, samples, r.limits(stage), unit_dir, engine)
+    return trajs, stats.time_split()
+
+
+def _pool(ctx: Context, stage_name: str) -> TaskPool:
+    if ctx.pool is None:
+        ctx.pool = ctx.run.open_pool(sorted(ctx.train_tasks), ctx.cfg.seed)
+    ctx.pool.start_stage(stage_name, RefreshRule.from_stage_config(getattr(ctx.cfg, stage_name)))
+    ctx.run.save_pool(ctx.pool)
+    return ctx.pool
+
+
+def _sample(ctx: Context, pool: TaskPool, n: int, it: int) -> list[Task]:
+    """n tasks of the pool for iteration it (the pool saved before anything is rolled out)."""
+    ids = pool.sample(n, it)
+    ctx.run.save_pool(pool)
+    return [ctx.train_tasks[k] for k in ids]
+
+
+def _record(ctx: Context, it: int, trajs: list[Trajectory]) -> None:
+    """The iteration's model outcomes into the pool's history (saved; the commit snapshots it)."""
+    ctx.pool.record(it, outcomes(trajs))
+    ctx.run.save_pool(ctx.pool)
+
+
+@dataclass
+class Batch:
+    """A unit's training data, built by rank 0: every rank gets samples and num_steps (`shared`), rank 0 alone
+    keeps what it logs."""
+
+    samples: list
+    """TrainSamples (every rank)."""
+    num_steps: int
+    """Optimiser steps per pass over the samples (every rank)."""
+    trajs: list[Trajectory] = field(default_factory=list)
+    """The unit's trajectories (rank 0)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Timings (rank 0)."""
+    info: Any = None
+    """The RftReport, DapoBatch or warm-start data metrics behind the samples (rank 0)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """DAPO: trajectories dropped as too stale, and redone after an interrupted attempt (rank 0)."""
+
+    def shared(self) -> Batch:
+        """What the other ranks need: the samples and the number of optimiser steps."""
+        return Batch(self.samples, self.num_steps)
+
+
+def _sft_batch(stage, kept: list[Trajectory], masks: list[list[int]], trajs: list[Trajectory], seconds: dict,
+               info) -> Batch:  # fmt: skip
+    """`kept` (with their loss masks) as SFT samples, split into the stage's optimiser steps."""
+    n = num_optimizer_steps(len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps)
+    return Batch(to_samples(kept, masks, [0.0] * len(kept)), n, trajs, seconds, info)
+
+
+def _rft_batch(stage, trajs: list[Trajectory], seconds: dict) -> Batch:
+    """Resolved trajectories (malformed turns masked) as SFT samples."""
+    kept, masks, report = rft_select(trajs, stage.max_kept_per_task)
+    return _sft_batch(stage, kept, masks, trajs, seconds, report)
+
+
 WARM_START_REPORT_S = 15.0
 """Seconds between the warm start's progress lines on the console."""
 
