@@ -131,3 +131,39 @@ def test_the_lock_is_not_inherited_by_servers_the_driver_starts(tmp_path):
         assert _group_alive(child) and run_lock.holder(tmp_path) is None
     finally:
         os.killpg(child, signal.SIGKILL)
+
+
+@pytest.mark.dist
+def test_with_two_ranks_rank_zero_refuses_and_rank_one_adds_one_line(live_driver):
+    """The multi-rank start (srun's or torchrun's environment, issue 42 item 3): only rank 0 owns the folder, so
+    only it meets the lock; rank 1 learns of the failure through spmd's broadcast and says so in one line, not a
+    traceback."""
+    from swe_megatron.net import free_port
+
+    run, driver, server = live_driver
+    base = dict(
+        os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+    )
+    argv = [sys.executable, "-m", "swe_megatron.cli", "run", "embedded", f"run_dir={run}", "parallel.world_size=2",
+            "parallel.tensor_parallel=2", "model.num_key_value_heads=2", "monitor.progress=false"]  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r in (0, 1)
+    ]
+    try:
+        (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in ranks)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+    assert ranks[0].returncode == 2 and err0.count("\n") == 1 and f"pid {driver.pid}" in err0, err0
+    assert ranks[1].returncode == 1, err1
+    assert err1 == "swe-megatron run: rank 1 stops because rank 0 failed (rank 0 says why)\n", err1
+    assert _group_alive(server) and driver.poll() is None
