@@ -15,11 +15,22 @@ changes: say why). A habit before stopping, not CI (minutes per file on 2 cores)
 
 Tests run with -m "not slurm and not e2e and not gpu" (override with --markers); a mutant whose tests run past
 mutmut's timeout counts as killed (the tests noticed: they hung).
+
+Beyond mutmut (which only mutates function bodies, and picks each mutant's tests by what ran in the test process):
+- the modules' top-level constants and tables are mutated too (tools/constant_mutants.py: each table entry
+  removed, numbers + 1, strings changed), each written into the copy's file and the tests run on it;
+- code run in child processes: the copy's mutmut tree is first on every process's PYTHONPATH and the active
+  mutant is in the environment, so a `python -m swe_megatron...` child runs the mutant too; and every mutant
+  mutmut found no test for, or that survived its selected tests, is run again against all the given tests
+  (its tests may reach the function only in a child, which mutmut's in-process coverage cannot see).
+  Not reached: a child started with an environment of its own (no PYTHONPATH, no MUTANT_UNDER_TEST), which
+  imports the work tree through the editable install, and code copied out of the package into a sandbox.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -27,8 +38,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from constant_mutants import ConstantMutant, constant_mutants  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKERS = "not slurm and not e2e and not gpu"
@@ -116,12 +131,62 @@ def diff(dest: Path, env: dict[str, str], name: str) -> str:
     return "\n".join(line for line in out.splitlines() if line[:1] in "-+" and line[:3] not in ("---", "+++"))
 
 
-def report(files: list[str], statuses: dict[str, str], show) -> int:
-    """Per file: mutants, killed, survived, no tests, kill rate, the survivors' diffs; the number of survivors."""
+def run_tests(cwd: Path, env: dict[str, str], tests: list[str], markers: str, timeout_s: float) -> str:
+    """The tests once in a process of their own (and its children): "killed" (a test failed), "timeout" (they
+    ran past timeout_s: a hang), "survived" (all passed), or "error N" (pytest could not run them)."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", markers, *tests]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return "timeout"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what the tests left running
+    return {0: "survived", 1: "killed"}.get(rc, "killed" if rc < 0 else f"error {rc}")
+
+
+def whole_test_reruns(work: Path, env: dict[str, str], names: list[str], tests, markers, timeout_s) -> dict:
+    """{mutmut mutant: status} of each mutant run again, active in every process, against all the tests."""
+    out = {}
+    for name in names:
+        out[name] = run_tests(work / "mutants", dict(env, MUTANT_UNDER_TEST=name), tests, markers, timeout_s)
+        print(f"  {name}: {out[name]} (all tests)", flush=True)
+    return out
+
+
+def constant_runs(work: Path, env: dict[str, str], path: str, tests, markers, timeout_s) -> dict:
+    """{ConstantMutant: status}: each written into the plain copy's file, the tests run there (env: the copy first
+    on PYTHONPATH, so the processes they start import it too), the file put back."""
+    target = work / path
+    original = target.read_text()
+    out = {}
+    try:
+        for m in constant_mutants(original):
+            target.write_text(m.source)
+            out[m] = run_tests(work, env, tests, markers, timeout_s)
+            print(f"  {path}: {m.name}: {out[m]}", flush=True)
+    finally:
+        target.write_text(original)
+    return out
+
+
+def _constant_diff(m: ConstantMutant) -> str:
+    return f"line {m.line}: {m.old.strip()!r} -> {m.new!r}" if m.new else f"line {m.line}: removed {m.old!r}"
+
+
+def report(files: list[str], statuses: dict[str, str], show, constants: dict | None = None) -> int:
+    """Per file: mutants (mutmut's and the constants'), killed, survived, no tests, kill rate, the survivors'
+    diffs; the number of survivors."""
     total_survived = 0
     for path in files:
         mod = module_name(path) + "."
         mine = {n: s for n, s in statuses.items() if n.startswith(mod)}
+        const = {mod + m.name: (m, status) for m, status in (constants or {}).get(path, {}).items()}
+        mine |= {name: status for name, (_, status) in const.items()}
         counts = Counter("killed" if s in KILLED else s for s in mine.values())
         killed, n = counts["killed"], len(mine)
         survivors = sorted(k for k, s in mine.items() if s not in KILLED)
@@ -130,7 +195,8 @@ def report(files: list[str], statuses: dict[str, str], show) -> int:
         detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if k != "killed")
         print(f"\n{path}: {n} mutants, {killed} killed ({rate}){', ' + detail if detail else ''}")
         for name in survivors:
-            print(f"  {mine[name]}: {name}\n    " + show(name).replace("\n", "\n    "))
+            text = _constant_diff(const[name][0]) if name in const else show(name)
+            print(f"  {mine[name]}: {name}\n    " + text.replace("\n", "\n    "))
     return total_survived
 
 
@@ -146,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markers", default=MARKERS, help=f'pytest -m expression (default: "{MARKERS}")')
     ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    ap.add_argument("--no-constants", action="store_true", help="leave the top-level constants alone")
+    ap.add_argument("--no-rerun", action="store_true",
+                    help="skip the rerun of mutmut's survivors and untested mutants against all the tests")  # fmt: skip
     args = ap.parse_args(argv)
 
     files = args.files or changed_files(args.base)
@@ -166,11 +235,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--keep {work} is not empty: give a new folder")
     try:
         configure(work, files, tests, args.markers, scratch_copy(work))
-        # The copy's code, not the work tree's: the tree is dropped from PYTHONPATH (mutmut puts mutants/ first).
+        # The copy's code, not the work tree's: the tree is dropped from PYTHONPATH, and mutmut's tree goes first
+        # on it, so that processes the tests start (whatever their folder) import the mutants too.
         path = [
             p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT
         ]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1")
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(work / "mutants"), *path]), OMP_NUM_THREADS="1"
+        )
+        start = time.monotonic()
+        plain = dict(env, PYTHONPATH=os.pathsep.join([str(work), *path]))
+        if (baseline := run_tests(work, plain, tests, args.markers, 3600)) != "survived":
+            ap.error(f"the tests do not pass on the unmutated copy ({baseline}): fix them first")
+        timeout_s = max(60.0, 4 * (time.monotonic() - start))
         # Its own session: mutmut forks a child per mutant, and a stopped check must stop them all.
         log = work / "mutmut.log"
         with log.open("w") as out:
@@ -190,7 +267,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mutate: mutmut failed (exit {run.returncode}); its files are in {work}", file=sys.stderr)
             args.keep = work
             return 2
-        survived = report(files, results(work, env), lambda name: diff(work, env, name))
+        statuses = results(work, env)
+        if not args.no_rerun:
+            mods = tuple(module_name(f) + "." for f in files)
+            again = [n for n, st in statuses.items() if n.startswith(mods) and st not in KILLED]
+            print(
+                f"mutate: {len(again)} mutants survived mutmut's test selection or had none: all tests",
+                flush=True,
+            )
+            statuses |= whole_test_reruns(work, env, again, tests, args.markers, timeout_s)
+        constants = {}
+        if not args.no_constants:
+            print("mutate: top-level constants", flush=True)
+            constants = {f: constant_runs(work, plain, f, tests, args.markers, timeout_s) for f in files}
+        survived = report(files, statuses, lambda name: diff(work, env, name), constants)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -108,7 +108,9 @@ def test_derived_prewarm_never_overbooks_the_sandbox_slots_and_takes_all_it_can(
                 derive(cfg)
                 per, p = 2 if grading else 1, cfg.agent.prewarm_sandboxes
                 where = (slots, concurrency, grading, p)
-                assert 0 <= p <= concurrency and cfg.agent.concurrency == concurrency, where
+                assert type(p) is int and 0 <= p <= concurrency and cfg.agent.concurrency == concurrency, (
+                    where
+                )
                 if concurrency * per <= slots:
                     assert (concurrency + p) * per <= slots, where  # no overbooking
                     assert p == concurrency or (concurrency + p + 1) * per > slots, where  # none left idle
