@@ -21,7 +21,9 @@ def _run(args: argparse.Namespace) -> int:
     from swe_megatron.pipeline.run_dir import RunDir, committed_note
 
     cfg = load_config(args.config, args.overrides)
-    RunDir(cfg.run_dir)  # a damaged run_dir is refused here, before any process starts or anything is written
+    # A damaged run_dir, or a folder that is not a run, is refused here, before any process starts or anything is
+    # written (the lock, a live driver's: pipeline/run_lock.py, is the driver's first act).
+    RunDir(cfg.run_dir).check_is_run()
     args.kept = lambda: committed_note(cfg.run_dir)
     library_warnings_to(Path(cfg.run_dir) / "logs" / "library-warnings.log")  # before Megatron is imported
     from swe_megatron.pipeline.driver import run

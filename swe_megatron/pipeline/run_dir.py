@@ -32,6 +32,10 @@ from swe_megatron.errors import UsageError
 from swe_megatron.monitor import Monitor, NullMonitor, key_layout
 
 STATE_FORMAT = 1
+RUN_MARKERS = ("config.yaml", "state.json", "driver.lock")
+"""Entries only a run folder has (driver.lock: a first start that stopped before writing its config)."""
+EARLY_ENTRIES = ("logs", "jobs", "slurm", "STOP")
+"""What a folder may hold before its run's first start (the launcher's job and log folders, a stop request)."""
 RESUME_KEYS = ("model", "seed", "schedule", "tasks.train_file")
 """Config keys that must not change when a run resumes (weights, sampling streams and unit order depend on them)."""
 STAGE_RESUME_KEYS = ("tasks_per_iteration", "samples_per_task", "warm_start")
@@ -116,6 +120,20 @@ class RunDir:
                 raise UsageError(
                     f"{self.state_path} {problem}; the run directory is damaged: restore it or use a new run_dir=..."
                 )
+
+    def check_is_run(self) -> None:
+        """UsageError, writing nothing, when root is a folder holding files of something other than a run (a run
+        writes into its folder and wipes parts of it: it must never take over someone else's)."""
+        if not self.root.is_dir():
+            return
+        names = {p.name for p in self.root.iterdir()}
+        if names & set(RUN_MARKERS) or names <= set(EARLY_ENTRIES):
+            return
+        shown = ", ".join(sorted(names - set(EARLY_ENTRIES))[:3])
+        raise UsageError(
+            f"run_dir={self.root} already holds files that are not a run's ({shown}{', ...' if len(names) > 3 else ''}"
+            "); give a new or empty folder, or an existing run's run_dir=..."
+        )
 
     # config ---------------------------------------------------------------------------------------
     def bind_config(self, cfg) -> None:

@@ -141,6 +141,43 @@ def test_run_refuses_a_damaged_run_dir_with_one_line_writing_nothing(tmp_path, c
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize(
+    ("entries", "refused"),
+    [
+        (["notes.txt", "src/"], True),  # someone's project
+        (["logs/", "notes.txt"], True),
+        ([], False),  # empty: a new run
+        (["jobs/", "slurm/", "STOP"], False),  # the launcher's folders before the trainer's first start
+        (["driver.lock", "logs/"], False),  # a first start stopped before it wrote its config
+        (["config.yaml", "notes.txt"], False),  # a run (the user's notes beside it stay theirs)
+    ],
+)
+def test_run_refuses_a_folder_that_is_not_a_run_with_one_line_writing_nothing(
+    tmp_path, capsys, entries, refused
+):
+    """Issue 42 item 4: `run ... run_dir=X` on a non-empty folder that is not a run wrote into it (and a run wipes
+    parts of its folder); rollout and eval already refuse a non-empty --out."""
+    from swe_megatron.pipeline.run_dir import RunDir
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for e in entries:
+        (run_dir / e.rstrip("/")).mkdir() if e.endswith("/") else (run_dir / e).write_text("x")
+    if not refused:
+        RunDir(run_dir).check_is_run()
+        return
+    from swe_megatron.cli import main
+
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["run", "embedded", f"run_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"swe-megatron run: error: run_dir={run_dir} already holds files that are not a run's (notes.txt"
+        f"{', src' if 'src/' in entries else ''}); give a new or empty folder, or an existing run's run_dir=...\n"
+    )
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_a_failed_state_write_keeps_the_committed_checkpoint(tmp_path, monkeypatch):
     """The previous checkpoint is pruned only after state.json names the new one: a state write that fails
     (here: the disk refuses the rename) leaves the committed state and its checkpoint intact."""
