@@ -33,6 +33,7 @@ COMMANDS = [
     "swe_megatron.tasks.command",  # make-tasks
     "swe_megatron.train.command",  # plan
     "swe_megatron.pipeline.command",  # run, eval
+    "swe_megatron.pipeline.status",  # status
     "swe_megatron.launch.command",  # launch, build-sifs, job-step
 ]
 

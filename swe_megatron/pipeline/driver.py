@@ -21,9 +21,8 @@ from swe_megatron.model.hf_config import check_matches_hf
 from swe_megatron.model.tokenizer import save_tokenizer
 from swe_megatron.monitor import NullMonitor
 from swe_megatron.monitor.console import UnitClock
-from swe_megatron.pipeline import spmd
+from swe_megatron.pipeline import run_lock, spmd
 from swe_megatron.pipeline.ahead import Ahead
-from swe_megatron.pipeline import run_lock
 from swe_megatron.pipeline.run_dir import RunDir, open_monitor
 from swe_megatron.pipeline.stages import (
     Context,
@@ -33,6 +32,7 @@ from swe_megatron.pipeline.stages import (
     rft_iteration,
     warm_start,
 )
+from swe_megatron.pipeline.status import planned_units
 from swe_megatron.pipeline.tasks import ensure_tasks, log_task_filter
 from swe_megatron.pipeline.topology import NullTopology, Topology
 from swe_megatron.rollout.setup import Rollouts
@@ -54,20 +54,6 @@ def _check_stop(ctx: Context) -> None:
     if ctx.world.lead((ctx.run.root / STOP_FILE).exists):
         done = ctx.run.state["done"]
         raise StopRequested(done[-1] if done else "nothing")
-
-
-def planned_units(cfg) -> list[str]:
-    """Every unit the schedule will commit, in order."""
-    units = ["init"]
-    for name in cfg.schedule:
-        if name == "eval":
-            units.append("eval")
-            continue
-        stage = getattr(cfg, name)
-        if name == "rft" and stage.warm_start == "scripted":
-            units.append("rft:warm_start")
-        units += [f"{name}:{it}" for it in range(stage.iterations)]
-    return units
 
 
 def run(cfg) -> int:

@@ -21,15 +21,17 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from swe_megatron.algo import TaskPool
 from swe_megatron.atomic_write import write_atomic, write_json_atomic
 from swe_megatron.config.load import resolve_paths
 from swe_megatron.errors import UsageError
 from swe_megatron.monitor import Monitor, NullMonitor, key_layout
+
+if TYPE_CHECKING:  # algo imports torch: `swe-megatron status` reads a run folder without it
+    from swe_megatron.algo import TaskPool
 
 STATE_FORMAT = 1
 RUN_MARKERS = ("config.yaml", "state.json", "driver.lock")
@@ -190,6 +192,8 @@ class RunDir:
 
     def open_pool(self, task_ids: list[str], seed: int) -> TaskPool:
         """The live task pool: pool.json's (it must hold these tasks and seed) if there, else a new one, saved."""
+        from swe_megatron.algo import TaskPool
+
         if not self.pool_path.exists():
             pool = TaskPool(task_ids, seed)
             self.save_pool(pool)
