@@ -86,3 +86,36 @@ def test_documented_command_works(doc, command, capsys, monkeypatch):
     path = next((w for w in words if w.startswith("tools/")), None)
     assert path is not None, f"{doc}: a command this test does not know how to check: {command}"
     assert (ROOT / path).is_file(), f"{doc}: {path} does not exist"
+
+
+VENV_PROGRAMS = ("swe-megatron", "python", "tensorboard", "torchrun", "pytest", "pip")
+"""Programs that exist only in the project's venv: in a fresh shell (no `source .venv/bin/activate`) the README must
+spell them `.venv/bin/NAME` (issue 42 item 5: a bare `python -m swe_megatron` died with ModuleNotFoundError)."""
+
+
+def _program(command: str) -> str:
+    words = shlex.split(command)
+    while re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        words = words[1:]
+    return words[0]
+
+
+@pytest.mark.parametrize("command", [c for d, c in ALL if d == "README.md"], ids=lambda c: c[:70])
+def test_readme_commands_run_in_a_fresh_shell(command):
+    """Each README code-block command's program is a repository file or a system tool, never a bare venv
+    program; a `.venv/bin/NAME` one exists in this checkout's venv."""
+    program = _program(command)
+    assert program not in VENV_PROGRAMS, f"README: `{command}` needs the venv: write .venv/bin/{program}"
+    if program.startswith(".venv/bin/"):
+        assert (ROOT / program).exists(), f"README: {program} is not in this checkout's venv"
+
+
+def test_readme_prose_commands_name_the_venv():
+    """Commands given inline in README prose (`tensorboard --logdir ...`) are run as written too: no bare venv
+    program other than the project's own name (`swe-megatron X` in prose names `.venv/bin/swe-megatron X`, said
+    once at the quick start)."""
+    text = (ROOT / "README.md").read_text()
+    assert "`.venv/bin/swe-megatron`" in text and "source .venv/bin/activate" in text
+    spans = re.findall(r"`([^`\n]+)`", text)
+    bare = [s for s in spans if s.split()[0] in VENV_PROGRAMS[1:] and len(s.split()) > 1]
+    assert bare == [], bare
