@@ -222,3 +222,15 @@ def test_recompute_on_cpu_is_one_line(tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("swe-megatron run: error: parallel.recompute=full needs CUDA"), out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_python_m_outside_the_venv_is_one_line_naming_the_venv(tmp_path):
+    """A fresh shell's `python -m swe_megatron` (issue 42 item 5) died with a ModuleNotFoundError traceback."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    probe = subprocess.run([base, "-s", "-E", "-c", "import omegaconf"], capture_output=True, cwd=tmp_path)
+    if probe.returncode == 0:
+        pytest.skip(f"{base} has the project's packages installed outside the venv")
+    out = subprocess.run([base, "-s", "-E", "-m", "swe_megatron", "--version"], capture_output=True, text=True,
+                         cwd=ROOT)  # fmt: skip
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "lacks omegaconf" in out.stderr and ".venv/bin/python -m swe_megatron" in out.stderr, out.stderr
