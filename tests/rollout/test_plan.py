@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from swe_megatron.config.load import CapacityWarning, load_config
-from swe_megatron.rollout.plan import RolloutAssumptions, kv_tokens_per_server, rollout_phase
+from swe_megatron.rollout.plan import RolloutAssumptions, format_phases, kv_tokens_per_server, rollout_phase
 
 GIB = 2**30
 A = RolloutAssumptions()
@@ -37,7 +37,7 @@ def test_a_phase_worked_out_by_hand():
     """32 episodes of 24 turns on 16 servers, 1024 in flight: every episode in one wave, 2 per server."""
     cfg = _cfg("paper-72b", "stage1.tasks_per_iteration=8", "stage1.samples_per_task=4")
     p = rollout_phase(cfg, "stage1", A)
-    assert (p.episodes, p.turns, p.servers, p.concurrency) == (32, 24.0, 16, 1024)
+    assert (p.stage, p.episodes, p.turns, p.servers, p.concurrency) == ("stage1", 32, 24.0, 16, 1024)
     assert p.mean_context == 2500 + 1000 * 23 / 2  # contexts 2500, 3500, ... after 0..23 turns
     assert p.generated == 32 * 24 * 300
     assert p.prefilled == 32 * (2500 + 23 * 700)  # the first prompt, then each observation once
@@ -75,3 +75,22 @@ def test_turns_oversampling_and_the_context_that_bounds_them():
     short = RolloutAssumptions(first_prompt_tokens=65536 - 4500)
     assert rollout_phase(cfg, "stage1", short).turns == 4.0
     assert rollout_phase(cfg, "stage1", RolloutAssumptions(first_prompt_tokens=65536)).turns == 1.0
+
+
+def test_format_phases_prints_the_hand_worked_figures():
+    """paper-72b's stage1: 3000 x 24 x 300 = 21.6M generated, 3000 x (2500 + 23 x 700) = 55.8M prefilled
+    (3000 x 24 x 14000 = 1.01G without the cache), 714 s engine-bound, 769 s latency-bound, 1.12M KV tokens / 14k."""
+    lines = format_phases(_cfg(), A).splitlines()
+    assert lines[1] == (
+        "  capacity: agent.concurrency 1024 episodes in flight; engines 16 x 64 = 1024 (engine.num_servers x "
+        "episodes_per_server); sandbox slots 1024 (sandbox.max_concurrent x cluster.nodes); prewarm 0; weight sync "
+        "broadcast"
+    )
+    assert lines[3] == (
+        "  stage1: 3000 episodes x 24 turns (mean context 14k); generated 21.6M tokens, prefilled 55.8M (prefix "
+        "cache; without it 1.01G); engine-bound 12 min, latency-bound 13 min -> expected 13 min; one server's KV "
+        "cache holds 1.12M tokens = 80 episodes at the mean context"
+    )
+    assert [line.split(":")[0].strip() for line in lines[2:]] == ["rft", "stage1", "stage2"]
+    uncached = format_phases(_cfg(), RolloutAssumptions(prefix_cache=False)).splitlines()[3]
+    assert "prefilled 1008.0M (no prefix cache; without it 1.01G); engine-bound 62 min" in uncached
