@@ -98,6 +98,26 @@ def test_make_tasks_out_is_a_file(tmp_path, capsys):
     assert "is a file" in _error(capsys, ["make-tasks", "--out", str(afile), "--package", "toolz==1.0.0"])
 
 
+def test_make_tasks_refuses_to_rebuild_another_task_set_silently(tmp_path, capsys, monkeypatch):
+    """Issue 42: `make-tasks --out data/tasks` with other settings rebuilt the pipeline's cache without a word."""
+    from swe_megatron.tasks import command
+
+    out = tmp_path / "tasks"
+    out.mkdir()
+    report = {"cache_key": "other", "max_tasks": 24, "seed": 0, "tasks": {"train": 18, "test": 6}}
+    (out / "report.json").write_text(json.dumps(report))
+    built = []
+    monkeypatch.setattr(command, "make_tasks", lambda cfg, log: built.append(cfg) or {"libraries": [], "tasks": {"train": 1, "test": 0}})
+    err = _error(capsys, ["make-tasks", "--out", str(out), "--package", "toolz==1.0.0"])
+    assert "holds 24 tasks built with other settings (max_tasks 24, seed 0" in err and "--replace" in err
+    assert not built
+    assert main(["make-tasks", "--out", str(out), "--package", "toolz==1.0.0", "--replace"]) == 0 and built
+    # the same settings (the cache) are not refused: make_tasks returns the cached set
+    report["cache_key"] = built[0].cache_key()
+    (out / "report.json").write_text(json.dumps(report))
+    assert main(["make-tasks", "--out", str(out), "--package", "toolz==1.0.0"]) == 0 and len(built) == 2
+
+
 def test_grade_checks_the_sandbox_tools_and_out_first(tmp_path, tasks_file, capsys, monkeypatch):
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -7,6 +7,7 @@ how and what lands in DIR). Reruns with the same inputs return at once from DIR'
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ def _make_tasks(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {args.out} is a file; give a folder (new, or an earlier make-tasks output)")
+    _refuse_other_task_set(out, cfg, args)
     try:  # a library's refusal is logged as it happens; its reason is printed once, at the end
         report = make_tasks(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
     except NoTasks as e:
@@ -44,6 +46,23 @@ def _make_tasks(args: argparse.Namespace) -> int:
             print(f"{lib['package']}: not used ({lib.get('stage')}: {lib.get('reason')})")
     print(f"tasks: {report['tasks']['train']} train, {report['tasks']['test']} test -> {args.out}")
     return 0
+
+
+def _refuse_other_task_set(out: Path, cfg: FactoryConfig, args: argparse.Namespace) -> None:
+    """An --out holding a task set built with other settings is rebuilt only with --replace: it may be a run's
+    tasks.train_file (data/tasks is the pipeline's cache), and a rebuild changes its tasks silently."""
+    try:
+        old = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(old, dict) or old.get("cache_key") in (None, cfg.cache_key()) or args.replace:
+        return
+    built = ", ".join(f"{k} {old[k]}" for k in ("max_tasks", "seed") if k in old)
+    raise UsageError(
+        f"--out {args.out} holds {sum((old.get('tasks') or {}).values())} tasks built with other settings "
+        f"({built}; a run's tasks.train_file may point there): give another --out, or pass --replace to rebuild "
+        "them there"
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,5 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="a library whose tasks go to test.jsonl (repeatable); default: inflection and tabulate for the "
         "default list, else a seeded quarter of the libraries",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="rebuild an --out that holds a task set built with other settings (refused without it)",
     )
     p.set_defaults(func=_make_tasks)
