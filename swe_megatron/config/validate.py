@@ -268,6 +268,15 @@ def _cluster_problems(cfg: Any) -> list[str]:
             f"parallel.world_size={p.world_size} exceeds the trainer's GPUs "
             f"(cluster.trainer_nodes x gpus_per_node = {c.trainer_nodes * c.gpus_per_node})"
         )
+    if c.gpus_per_node and not c.engine_nodes and cfg.engine.weight_sync == "broadcast":
+        # The run's own vLLM server would take trainer rank 0's GPU (device 0 of what it sees) and join the sync
+        # group beside it: NCCL refuses two ranks of one communicator on one GPU (src/init.cc: "Duplicate GPU
+        # detected", ncclInvalidUsage), and the two would share its memory besides.
+        out.append(
+            "cluster.engine_nodes=0 with GPUs (cluster.gpus_per_node > 0) and engine.weight_sync=broadcast is "
+            "invalid: the run's own vLLM server would share trainer rank 0's GPU and sit in its NCCL sync group "
+            "twice; allowed: cluster.engine_nodes >= 1 (vLLM on its own nodes) or engine.weight_sync=file"
+        )
     return out
 
 

@@ -345,6 +345,19 @@ def test_the_preset_is_valid(base):
             ["engine.weight_sync_port=-1 is invalid; allowed: 0 (any free port) .. 65535"],
         ),
         (
+            ["cluster.gpus_per_node=1", "engine.weight_sync=broadcast"],
+            [
+                "cluster.engine_nodes=0 with GPUs (cluster.gpus_per_node > 0) and engine.weight_sync=broadcast is "
+                "invalid: the run's own vLLM server would share trainer rank 0's GPU and sit in its NCCL sync group "
+                "twice; allowed: cluster.engine_nodes >= 1 (vLLM on its own nodes) or engine.weight_sync=file"
+            ],
+        ),
+        (["cluster.gpus_per_node=1", "engine.weight_sync=file"], []),
+        (
+            ["cluster.nodes=2", "cluster.engine_nodes=1", "cluster.gpus_per_node=1", "engine.weight_sync=broadcast"],
+            [],
+        ),
+        (
             ["cluster.trainer_nodes=0"],
             ["cluster.trainer_nodes (0) + engine_nodes (0) must be between 1 and cluster.nodes (1)"],
         ),
