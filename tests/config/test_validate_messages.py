@@ -354,7 +354,12 @@ def test_the_preset_is_valid(base):
         ),
         (["cluster.gpus_per_node=1", "engine.weight_sync=file"], []),
         (
-            ["cluster.nodes=2", "cluster.engine_nodes=1", "cluster.gpus_per_node=1", "engine.weight_sync=broadcast"],
+            [
+                "cluster.nodes=2",
+                "cluster.engine_nodes=1",
+                "cluster.gpus_per_node=1",
+                "engine.weight_sync=broadcast",
+            ],
             [],
         ),
         (
