@@ -244,3 +244,18 @@ def test_the_cpu_def_shares_the_gpu_defs_othersections():
         assert gpu[name] == cpu[name], name
     assert set(gpu["files"].splitlines()) <= set(cpu["files"].splitlines())
     assert "tools/install_cpu.sh" in cpu["post"] and "From: debian:bookworm" in cpu[""]  # Python 3.11 as CI's
+
+
+IB_USER_SPACE = {"rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1t64"}
+"""Ubuntu 24.04's InfiniBand user space: NCCL's IB transport dlopens libibverbs.so[.1] (NCCL src/misc/ibvwrap.cc),
+which loads its HCA provider (libmlx5) from ibverbs-providers; librdmacm1t64 is 24.04's name after the time_t
+transition (librdmacm1 before)."""
+
+
+def test_the_gpu_image_carries_the_infiniband_user_space():
+    """`apptainer exec --nv` binds the driver's libraries only: without libibverbs in the image NCCL finds no IB
+    device and falls back to TCP sockets between nodes (tools/check_interconnect.py fails on that)."""
+    text = DEFS["cuda"].read_text()
+    assert re.search(r"^From: \S+ubuntu24\.04$", sections(text)[""], re.M)  # the package names are 24.04's
+    missing = IB_USER_SPACE - apt_packages(sections(text)["post"])
+    assert not missing, f"trainer.def does not install {sorted(missing)}"
