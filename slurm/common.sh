@@ -33,6 +33,17 @@
 #                         SWE_MEGATRON_IMAGE only the sandbox servers use it (no GPU extra needed)
 #   SWE_MEGATRON_REQUEUE  1 (default): requeue this job after a USR2 stop; 0: leave it to the caller (submitit)
 #   SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS   sbatch's own variables (or -p/-A/-q on the command line)
+#
+# Interconnect (site settings, passed into every step's image with --env; unset: the library's own choice, which
+# is what single-network clusters and the CPU test cluster need). Check them first: tools/check_interconnect.py.
+#   NCCL_SOCKET_IFNAME    NCCL's bootstrap and socket interface, NCCL's syntax: ib0 | ^lo,docker | =eth0
+#                         (unset: NCCL prefers ib* interfaces, never lo or docker*)
+#   GLOO_SOCKET_IFNAME    interface the gloo groups bind (exact names, comma-separated); unset: the address the
+#                         node's hostname resolves to
+#   NCCL_IB_HCA           InfiniBand HCAs NCCL uses: mlx5_0,mlx5_1 or ^mlx5_4 (e.g. to skip a storage NIC);
+#                         unset: every active one. The image carries the IB user space (containers/trainer.def).
+#   NCCL_DEBUG            INFO logs the transport NCCL picked ("via NET/IB/0"; "via NET/Socket/0" is TCP)
+#   PYTORCH_ALLOC_CONF    trainer ranks' CUDA allocator (default expandable_segments:True: launch/steps.py)
 
 _sm_die() {
   echo "swe-megatron job: ERROR: $*" >&2
@@ -46,13 +57,14 @@ _sm_setup() {
   [[ -f $REPO/slurm/common.sh ]] \
     || _sm_die "SWE_MEGATRON_REPO=$REPO is not a swe_megatron checkout (no slurm/common.sh); submit from the repository root or set SWE_MEGATRON_REPO"
   cd "$REPO" || _sm_die "cannot cd to $REPO"
+  _sm_interconnect
   if [[ -n ${SWE_MEGATRON_IMAGE:-} ]]; then
     [[ -f $SWE_MEGATRON_IMAGE ]] || _sm_die "SWE_MEGATRON_IMAGE=$SWE_MEGATRON_IMAGE does not exist; build it with containers/trainer.def (see containers/README.md)"
     command -v apptainer >/dev/null || _sm_die "SWE_MEGATRON_IMAGE is set but apptainer is not on PATH (module load apptainer?)"
     local binds=$REPO${SWE_MEGATRON_BINDS:+,$SWE_MEGATRON_BINDS} d
     # The Hugging Face cache that a hub id in model.hf_path resolves in (offline; swe_megatron/model/hub.py).
     for d in ${HF_HUB_CACHE:-} ${HF_HOME:-}; do [[ -d $d ]] && binds+=,$d; done
-    SM=(apptainer exec --nv --bind "$binds" --pwd "$REPO" --env "PYTHONPATH=$REPO" "$SWE_MEGATRON_IMAGE" python -m swe_megatron.cli)
+    SM=(apptainer exec --nv --bind "$binds" --pwd "$REPO" --env "PYTHONPATH=$REPO" "${SM_ENV[@]}" "$SWE_MEGATRON_IMAGE" python -m swe_megatron.cli)
     # The sandbox servers run on the host, not in the image: they start the host's apptainer (as the site
     # installed and configured it) for every task SIF; nested in the image it would need unprivileged user
     # namespaces and FUSE on every node. They need no GPU stack: a small venv (pip install -e .) is enough.
@@ -61,6 +73,21 @@ _sm_setup() {
     _sm_host_python "set SWE_MEGATRON_IMAGE (Apptainer) or SWE_MEGATRON_PYTHON, or run tools/install_cpu.sh"
     SM=("${SM_HOST[@]}")
   fi
+}
+
+SM_NET_VARS=(NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG PYTORCH_ALLOC_CONF)
+
+# SM_ENV: --env VAR=VALUE for each of SM_NET_VARS the site set (the image's steps see exactly these, even where
+# apptainer runs with a clean environment); unset ones are left to the libraries' defaults.
+_sm_interconnect() {
+  local v shown=""
+  SM_ENV=()
+  for v in "${SM_NET_VARS[@]}"; do
+    [[ -n ${!v:-} ]] || continue
+    SM_ENV+=(--env "$v=${!v}")
+    shown+=" $v=${!v}"
+  done
+  _sm_log "interconnect:${shown:- library defaults (set NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA: slurm/common.sh)}"
 }
 
 # SM_HOST: this package's CLI from a Python on the host (SWE_MEGATRON_PYTHON, else REPO/.venv, else python3)

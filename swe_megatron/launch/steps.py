@@ -34,6 +34,12 @@ EXIT_RESUMABLE = 75
 """Exit status of a trainer step stopped before the end of its schedule (the job should be requeued)."""
 STOP_FILE = "STOP"
 """RUN_DIR/STOP asks the run to stop after the iteration in flight commits (removed when a step starts)."""
+ALLOCATOR_CONF = "expandable_segments:True"
+"""The trainer ranks' CUDA caching allocator settings, as PYTORCH_ALLOC_CONF (torch >= 2.9's name; the older
+PYTORCH_CUDA_ALLOC_CONF is still read, with a deprecation warning: c10/core/AllocatorConfig.cpp). Segments grow
+in place instead of leaving blocks sized for one micro-batch's shapes behind, so packed micro-batches of varying
+length do not fragment the memory the plan counts on. A site's own setting (either name) wins. vLLM 0.33.0
+objects to it only beside a KV connector (vllm/config/vllm.py), which the engines do not use."""
 
 
 def _cli() -> list[str]:
@@ -185,13 +191,22 @@ def wait(job_dir: str, engines: int, sandboxes: int, timeout_s: float, watch: li
     return 0
 
 
+def trainer_env(environ, env: SlurmEnv) -> dict[str, str]:
+    """The environment of a trainer rank's run: environ, torch.distributed's variables from Slurm, and the
+    allocator settings (ALLOCATOR_CONF) unless environ sets its own."""
+    out = {**environ, **env.torch_env()}
+    if "PYTORCH_ALLOC_CONF" not in out and "PYTORCH_CUDA_ALLOC_CONF" not in out:
+        out["PYTORCH_ALLOC_CONF"] = ALLOCATOR_CONF
+    return out
+
+
 def trainer(run_dir: str, config: str, overrides: list[str], grace_s: float, environ=None) -> int:
     """One trainer rank: torch.distributed env from Slurm, then `swe-megatron run`; handles USR2 (see module doc)."""
     env = SlurmEnv.from_environ(environ)
     stop_file = Path(run_dir) / STOP_FILE
     if env.rank == 0:
         stop_file.unlink(missing_ok=True)
-    child_env = {**os.environ, **env.torch_env()}
+    child_env = trainer_env(os.environ, env)
     print(f"trainer rank {env.rank} of {env.world_size} on {env.hostname} (master {child_env['MASTER_ADDR']})",
           flush=True)  # fmt: skip
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the run learns of a stop through STOP_FILE or SIGTERM
