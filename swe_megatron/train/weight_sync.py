@@ -125,6 +125,7 @@ class FileWeightSync(WeightSync):
         """Export into `out_dir`, then reload the servers from it."""
         if out_dir is None:
             raise ValueError("engine.weight_sync=file needs a folder for the export the servers reload")
+        release_cached_memory()
         export = trainer.export(out_dir, extra_files=self.extra_files, name_tied_lm_head=True)
         start = time.perf_counter()
         if _global_rank() == 0 and engine is not None:
@@ -133,6 +134,15 @@ class FileWeightSync(WeightSync):
         if dist.is_initialized():
             dist.barrier(group=trainer.wait_group)
         return SyncReport("file", export.seconds, reload_s, export.bytes)
+
+
+def release_cached_memory() -> None:
+    """Before a sync on GPU: hand the caching allocator's free blocks back to CUDA (torch.cuda.empty_cache). The
+    training step's peak leaves them reserved in torch's pool, where NCCL cannot use them: a fresh sync group's
+    communicator allocates its buffers with CUDA directly, and the gathers of the export or the broadcast come
+    right after the step. No-op on CPU and before CUDA is initialised."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -254,6 +264,7 @@ class BroadcastWeightSync(WeightSync):
             raise ValueError(
                 f"engine.weight_sync=broadcast writes no export: got a folder ({out_dir}), pass None"
             )
+        release_cached_memory()
         start = time.perf_counter()
         report, error = SyncReport("broadcast", 0.0, 0.0, 0), None
         device = next(trainer.model.module.parameters()).device

@@ -488,3 +488,33 @@ def test_every_server_is_asked_at_once_however_many_there_are(monkeypatch):
     # Each server probed before the group forms, and each failed one probed again after.
     assert rotation.failures[:n] == [(i, "weight sync by broadcast") for i in range(n)]
     assert sorted(rotation.failures[n:]) == [(i, f"http://e{i}:1: refused") for i in range(n)]
+
+
+def test_each_sync_empties_the_cuda_cache_before_it_gathers_anything(monkeypatch):
+    """On GPU both methods hand torch's cached free blocks back to CUDA before the export or the broadcast's
+    gathers (NCCL allocates outside torch's pool); on CPU, before CUDA is initialised, nothing is called."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    weight_sync.release_cached_memory()
+    assert events == [] or torch.cuda.is_initialized()  # this CPU machine: no CUDA, no call
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+
+    class Trainer(FakeTrainer):
+        def export(self, *args, **kwargs):
+            events.append("export")
+            return super().export(*args, **kwargs)
+
+    FileWeightSync().sync(Trainer(), FakeEngine(), "/run/v1")
+    assert events == ["empty_cache", "export"]
+    events.clear()
+    trainer, taken = _rank0(monkeypatch)
+
+    def send(self, tensors, engine, device):
+        events.append(f"send after {len(taken)} taken")
+        list(tensors)
+        return SyncReport("broadcast", 0.0, 0.0, 12, 1), None
+
+    monkeypatch.setattr(BroadcastWeightSync, "send", send)
+    BroadcastWeightSync(1, "h", 0).sync(trainer, FakeEngine())
+    assert events == ["empty_cache", "send after 0 taken"]
