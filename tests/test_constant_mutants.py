@@ -69,3 +69,36 @@ def test_a_removal_that_would_not_parse_is_skipped_and_unicode_columns_are_handl
         ('"y"', ""),
     ]  # "(,)" is skipped
     assert mutants[0].source == 'ONLY = ("x",)\nWIDE = ("ü")\nONE = ["y"]\n'
+
+
+def test_the_bodies_of_functions_mutmut_skips_are_mutated_and_the_others_left_to_it():
+    source = '''import functools
+
+
+@functools.lru_cache(maxsize=1)
+def arches():
+    """Docstring."""
+    return {"x86_64": ("x86", "x32")}.get("x86_64", ())
+
+
+class C:
+    @property
+    def size(self):
+        return 2
+
+    @staticmethod
+    def plain():
+        return 3
+
+
+def g():
+    return 4
+'''
+    got = [(m.name.split("__const_")[0], m.old, m.new) for m in constant_mutants(source)]
+    assert got == [
+        ("arches", '"x86_64": ("x86", "x32")', ""),
+        ("arches", '"x86", ', ""),
+        ("arches", ', "x32"', ""),
+        ("arches", '"x86_64"', "'XXx86_64XX'"),
+        ("size", "2", "3"),
+    ]  # the docstring, the lru_cache argument and staticmethod / plain functions (mutmut's) are left alone

@@ -8,8 +8,9 @@ verdict's outcomes), a one-entry regression is an edit of that data. For each to
 - number: n -> n + 1; bool: flipped; string: "XX" + s + "XX" (as mutmut does inside functions), except the
   strings that name a table's entries (elements, dict keys): their removal is that mutant already.
 
-Not mutated: dunder names, f-strings, the element types of a subscript (`dict[str, int]`), and whatever would
-not compile. tools/mutate.py writes each mutant into a copy of the tree and runs the tests there, so processes
+The same mutants are made in the bodies of the functions mutmut 3 leaves alone: those under a decorator other
+than staticmethod and classmethod (functools.lru_cache, property). Not mutated: dunder names, f-strings, the
+element types of a subscript (`dict[str, int]`), and whatever would not compile. tools/mutate.py writes each mutant into a copy of the tree and runs the tests there, so processes
 the tests start import it too.
 
     for m in constant_mutants(Path("swe_megatron/grading/sanitize.py").read_text()):
@@ -103,15 +104,38 @@ def _edits(value: ast.expr, at) -> list[tuple[int, int, str]]:
     return edits
 
 
+def _decorated(tree: ast.Module):
+    """Top-level functions and methods of top-level classes under a decorator mutmut skips (all but
+    staticmethod and classmethod: functools.lru_cache, property, contextmanager...)."""
+    scopes = [tree.body] + [n.body for n in tree.body if isinstance(n, ast.ClassDef)]
+    for body in scopes:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                not (isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod"))
+                for d in node.decorator_list
+            ):
+                yield node
+
+
+def _body_values(func: ast.FunctionDef | ast.AsyncFunctionDef):
+    """The expressions of every statement in func's body (its docstring, decorators and signature left out)."""
+    body = func.body[1:] if ast.get_docstring(func) is not None else func.body
+    for stmt in (n for top in body for n in ast.walk(top) if isinstance(n, ast.stmt)):
+        for _, value in ast.iter_fields(stmt):
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, ast.expr):
+                    yield v
+
+
 def constant_mutants(source: str) -> list[ConstantMutant]:
-    """Every mutant of the module's top-level constants and tables (see the module docstring), in source order."""
+    """Every mutant of the module's top-level constants and tables, and of the bodies of the functions mutmut
+    skips (see the module docstring), in source order."""
     at = _offsets(source)
     out: list[ConstantMutant] = []
-    for stmt in ast.parse(source).body:
-        target = _targets(stmt)
-        if target is None or target[0].startswith("__"):
-            continue
-        name, value = target
+    tree = ast.parse(source)
+    values = [t for t in map(_targets, tree.body) if t is not None and not t[0].startswith("__")]
+    values += [(f.name, v) for f in _decorated(tree) for v in _body_values(f)]
+    for name, value in values:
         for start, end, new in sorted(_edits(value, at)):
             text = source[:start] + new + source[end:]
             try:

@@ -262,7 +262,13 @@ def main(argv: list[str] | None = None) -> int:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait()
-        if run.returncode:
+        if run.returncode and "could not find any test case for any mutant" in log.read_text(
+            errors="replace"
+        ):
+            print(
+                "mutate: mutmut made no mutant the tests reach in their process (or none at all)", flush=True
+            )
+        elif run.returncode:
             print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
             print(f"mutate: mutmut failed (exit {run.returncode}); its files are in {work}", file=sys.stderr)
             args.keep = work
