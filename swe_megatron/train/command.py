@@ -25,7 +25,13 @@ from swe_megatron.config.load import find_preset, load_config
 from swe_megatron.config.schema import STAGE_NAMES, ModelConfig, Recompute
 from swe_megatron.errors import UsageError
 from swe_megatron.rollout.plan import RolloutAssumptions, format_phases
-from swe_megatron.train.memory_plan import estimate_sync, format_table, plan_layouts
+from swe_megatron.train.memory_plan import (
+    estimate_checkpoint,
+    estimate_sync,
+    format_table,
+    plan_layouts,
+    sync_working_bytes,
+)
 
 
 def load_model_preset(name: str) -> ModelConfig:
@@ -74,6 +80,18 @@ def _print_sync(args: argparse.Namespace, model: ModelConfig) -> None:
         f"  broadcast: PP gather {gb * (pp - 1) / pp:.1f} GB = {e.gather_s:.1f} s + broadcast {gb:.1f} GB at "
         f"{args.nic_gbps:g} GB/s (rank 0's NIC, each byte once) = {e.broadcast_s:.1f} s -> "
         f"{e.total_broadcast_s:.1f} s"
+    )
+
+
+def _print_checkpoint(args: argparse.Namespace, model: ModelConfig, cfg) -> None:
+    keep = cfg.checkpoint.keep_last if cfg is not None else 1
+    c = estimate_checkpoint(model, args.fs_write_gbps, keep)
+    tb = 1e12
+    print(
+        f"\ncheckpoint per committed unit (RUN/checkpoints/UNIT; estimates, memory_plan.estimate_checkpoint): dist/ "
+        f"weights {c.weights / tb:.2f} TB + Adam state {c.optimizer / tb:.2f} TB, hf/ {c.hf / tb:.2f} TB = "
+        f"{c.total / tb:.2f} TB, written at {args.fs_write_gbps:g} GB/s (--fs-write-gbps) = {c.write_s:.0f} s; "
+        f"live on the filesystem: checkpoint.keep_last {keep} + the unit being written = {c.live / tb:.2f} TB"
     )
 
 
@@ -126,6 +144,9 @@ def _plan(args: argparse.Namespace) -> int:
         print(format_phases(cfg, _assumptions(args)))
     model = load_model_preset(args.model)
     _print_sync(args, model)
+    _print_checkpoint(args, model, cfg)
+    # The sync's working set on trainer rank 0: the run preset's method and bucket, else a broadcast of 512 MiB.
+    sync = ("broadcast", 512.0) if cfg is None else (cfg.engine.weight_sync, cfg.engine.weight_sync_bucket_mb)
     layouts = plan_layouts(
         model,
         args.context,
@@ -136,6 +157,7 @@ def _plan(args: argparse.Namespace) -> int:
         distributed_optimizer=not args.no_distributed_optimizer,
         overhead_gib=args.overhead_gib,
         usable_fraction=args.usable_fraction,
+        sync_bytes=sync_working_bytes(model, *sync),
     )
     fitting = [x for x in layouts if x.fits]
     print(
@@ -182,7 +204,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=12, help="rows shown (recommendation order)")
     p.add_argument("--all", action="store_true", help="show every valid layout")
     p.add_argument(
-        "--fs-write-gbps", type=float, default=10.0, help="weight sync: shared filesystem write GB/s"
+        "--fs-write-gbps",
+        type=float,
+        default=10.0,
+        help="shared filesystem write GB/s (weight sync by file, checkpoint write time)",
     )
     p.add_argument(
         "--fs-read-gbps",

@@ -24,7 +24,13 @@ What the estimate assumes (Megatron-Core as `train/model.py` and `train/step.py`
   selective recomputation keeps everything except the attention core (here: the q/k/v/attention-output
   share); none keeps all of it for every layer. With 1F1B pipelining the first stage holds PP
   micro-batches in flight. Action-only logprobs add one chunk of logits (1024 x vocab / TP fp32) and
-  the final hidden states.
+  the final hidden states, and the gradient of the row gather (train/logprobs.py): index_select's backward
+  adds the rows' gradients into a zero [context / CP, h] tensor and sequence parallelism's reduce-scatter
+  takes a contiguous copy of it, 2 x (context / CP) x h x 2 bytes, full length (not / TP).
+- The weight sync (`sync_working_bytes`), after the step has freed the activations and the cache was emptied
+  (train/weight_sync.py): trainer rank 0 holds the largest HF tensor gathered whole over TP, and with
+  broadcast a bucket and its torch.cat source plus the sync group's NCCL buffers (SYNC_NCCL_GIB); the peak
+  holds the largest of activations, the optimizer step's temporaries and this.
 - The optimizer step: a fused Adam (Transformer Engine's or Apex's: what Megatron-Core picks when either is
   installed, as in the GPU image) updates in place. Without them Megatron falls back to torch's AdamW, whose
   foreach kernels hold one fp32 temporary per parameter it updates (its shard with the distributed
@@ -47,6 +53,10 @@ from swe_megatron.config.schema import ModelConfig, Recompute
 GIB = 2**30
 LOGIT_CHUNK = 1024
 """Action rows per logits chunk (train/logprobs.py DEFAULT_CHUNK)."""
+SYNC_NCCL_GIB = 1.0
+"""Assumed (not measured) GPU memory of the fresh NCCL communicator a broadcast sync builds on trainer rank 0:
+per channel (up to 32 between nodes) one send and one receive connection, each with NCCL_BUFFSIZE (4 MiB,
+the Simple protocol) plus the LL and LL128 buffers, about 0.6 GiB, rounded up."""
 
 
 @dataclass
@@ -75,6 +85,8 @@ class Layout:
     """Activations of the micro-batches in flight plus the recomputed layer and the logits chunk."""
     step_temp: float
     """The optimizer step's temporaries (0 with a fused Adam)."""
+    sync: float
+    """Trainer rank 0's weight-sync working set (`sync_working_bytes`), held after the step."""
     overhead: float
     """Fixed per-GPU overhead."""
     distributed_optimizer: bool
@@ -84,11 +96,10 @@ class Layout:
 
     @property
     def total(self) -> float:
-        """Estimated peak GiB on the most loaded GPU (activations and the step's temporaries are never held
-        together)."""
-        return (
-            self.weights + self.grads + self.optimizer + max(self.activations, self.step_temp) + self.overhead
-        )
+        """Estimated peak GiB on the most loaded GPU (activations, the step's temporaries and the weight sync's
+        working set are never held together)."""
+        transient = max(self.activations, self.step_temp, self.sync)
+        return self.weights + self.grads + self.optimizer + transient + self.overhead
 
     @property
     def fits(self) -> bool:
@@ -127,6 +138,18 @@ def activation_bytes_per_token_layer(m: ModelConfig) -> int:
     return 10 * m.hidden_size + 4 * m.num_key_value_heads * d + 8 * m.intermediate_size
 
 
+def sync_working_bytes(m: ModelConfig, method: str = "broadcast", bucket_mib: float = 512.0) -> float:
+    """Bytes trainer rank 0 holds during one weight sync (train/weight_sync.py): the largest HF tensor gathered
+    whole over TP (the embedding or output layer, vocab x hidden, or the fused gate/up projection); with
+    "broadcast" also one flat bucket and the tensors torch.cat packs into it (2 x bucket_mib) and the sync
+    group's NCCL buffers (SYNC_NCCL_GIB)."""
+    wbytes = 4 if m.params_dtype == "float32" else 2
+    largest = max(m.vocab_size, 2 * m.intermediate_size) * m.hidden_size * wbytes
+    if method != "broadcast":
+        return float(largest)
+    return largest + 2 * bucket_mib * 2**20 + SYNC_NCCL_GIB * GIB
+
+
 def estimate(
     m: ModelConfig,
     context: int,
@@ -140,6 +163,7 @@ def estimate(
     overhead_gib: float = 8.0,
     usable_fraction: float = 0.9,
     fused_adam: bool = True,
+    sync_bytes: float = 0.0,
 ) -> Layout:
     """Memory estimate (GiB) of one layout; see the module docstring for the assumptions."""
     h, v = m.hidden_size, m.vocab_size
@@ -171,7 +195,8 @@ def estimate(
         working = 0.0
     in_flight = pp  # 1F1B: the first stage holds up to PP micro-batches' activations
     logits = LOGIT_CHUNK * (v / tp) * 4 * 2 + tokens * h * 2
-    activations = kept * in_flight + working + logits
+    row_gather_grad = 2 * tokens * h * 2  # not / TP: the head works on the gathered sequence
+    activations = kept * in_flight + working + logits + row_gather_grad
     return Layout(
         tp=tp,
         pp=pp,
@@ -184,6 +209,7 @@ def estimate(
         optimizer_unsharded=optimizer_full / GIB,
         activations=activations / GIB,
         step_temp=0.0 if fused_adam else params * 4 / (dp if distributed_optimizer else 1) / GIB,
+        sync=sync_bytes / GIB,
         overhead=overhead_gib,
         distributed_optimizer=distributed_optimizer,
         budget=usable_fraction * gpu_gib,
@@ -216,8 +242,10 @@ def plan_layouts(
     distributed_optimizer: bool = True,
     overhead_gib: float = 8.0,
     usable_fraction: float = 0.9,
+    sync_bytes: float = 0.0,
 ) -> list[Layout]:
-    """Every valid layout with its estimate, in recommendation order (fitting ones first; see docstring)."""
+    """Every valid layout with its estimate, in recommendation order (fitting ones first; see docstring);
+    sync_bytes: trainer rank 0's weight-sync working set (`sync_working_bytes`; 0: not counted)."""
     if gpus < 1 or context < 1:
         raise ValueError(f"gpus ({gpus}) and context ({context}) must be positive")
     layouts = [
@@ -233,6 +261,7 @@ def plan_layouts(
             distributed_optimizer,
             overhead_gib,
             usable_fraction,
+            sync_bytes=sync_bytes,
         )
         for tp, pp, cp, dp in valid_layouts(m, context, gpus, gpus_per_node)
     ]
@@ -243,13 +272,14 @@ def format_table(layouts: list[Layout]) -> str:
     """The layouts as an aligned text table, GiB per GPU."""
     head = (
         f"{'TP':>3} {'PP':>3} {'CP':>3} {'DP':>3} {'params/GPU':>10} {'weights':>8} {'grads':>7} "
-        f"{'optim':>7} {'optim(no DO)':>12} {'activ':>7} {'other':>6} {'total':>7}  fits"
+        f"{'optim':>7} {'optim(no DO)':>12} {'activ':>7} {'sync':>5} {'other':>6} {'total':>7}  fits"
     )
     rows = [head]
     for x in layouts:
         rows.append(
             f"{x.tp:>3} {x.pp:>3} {x.cp:>3} {x.dp:>3} {x.params_b:>9.2f}B {x.weights:>8.1f} {x.grads:>7.1f} "
-            f"{x.optimizer:>7.1f} {x.optimizer_unsharded:>12.1f} {x.activations:>7.1f} {x.overhead:>6.1f} "
+            f"{x.optimizer:>7.1f} {x.optimizer_unsharded:>12.1f} {x.activations:>7.1f} {x.sync:>5.1f} "
+            f"{x.overhead:>6.1f} "
             f"{x.total:>7.1f}  {'yes' if x.fits else 'NO (over ' + format(x.budget, '.0f') + ' GiB)'}"
         )
     return "\n".join(rows)
@@ -303,4 +333,43 @@ def estimate_sync(
         file_read_s=servers * nbytes / (fs_read_gbps * 1e9),
         gather_s=nbytes * (pp - 1) / pp / (nic_gbps * 1e9),
         broadcast_s=nbytes / (nic_gbps * 1e9),
+    )
+
+
+@dataclass
+class CheckpointEstimate:
+    """One committed unit's checkpoint on the shared filesystem (RUN/checkpoints/UNIT: dist/ and hf/), in bytes."""
+
+    weights: float
+    """dist/: the model's weights (params x bytes of params_dtype), each shard written once."""
+    optimizer: float
+    """dist/: Adam's fp32 master copy and two moments (12 bytes per parameter in bf16, 8 in fp32), each
+    distributed-optimizer shard written once."""
+    hf: float
+    """hf/: the HF export the engines and the next stage load (params x bytes of params_dtype)."""
+    write_s: float
+    """Seconds to write all of it at the assumed filesystem bandwidth (`swe-megatron plan --fs-write-gbps`)."""
+    keep_last: int
+    """checkpoint.keep_last: complete checkpoints kept after each commit."""
+
+    @property
+    def total(self) -> float:
+        """Bytes of one unit's checkpoint."""
+        return self.weights + self.optimizer + self.hf
+
+    @property
+    def live(self) -> float:
+        """Peak bytes on the filesystem: keep_last checkpoints plus the one being written (older ones are deleted
+        only after the new unit commits: train/checkpoint.py, pipeline/run_dir.py)."""
+        return (self.keep_last + 1) * self.total
+
+
+def estimate_checkpoint(m: ModelConfig, fs_write_gbps: float, keep_last: int) -> CheckpointEstimate:
+    """Size and write time of one unit's checkpoint (every committed unit saves one; train/checkpoint.py saves
+    the model and the optimizer through dist_checkpointing, the pipeline adds the HF export); GB/s = 1e9 B/s."""
+    n = total_params(m)
+    wbytes, opt_bytes = (4, 8) if m.params_dtype == "float32" else (2, 12)
+    weights, optimizer, hf = n * wbytes, n * opt_bytes, n * wbytes
+    return CheckpointEstimate(
+        weights, optimizer, hf, (weights + optimizer + hf) / (fs_write_gbps * 1e9), keep_last
     )

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from swe_megatron.config.schema import ModelConfig, Recompute
-from swe_megatron.train.memory_plan import GIB, estimate, plan_layouts, total_params, valid_layouts
+from swe_megatron.train.memory_plan import (
+    GIB,
+    SYNC_NCCL_GIB,
+    estimate,
+    plan_layouts,
+    sync_working_bytes,
+    total_params,
+    valid_layouts,
+)
 
 SMALL = ModelConfig(
     vocab_size=256, hidden_size=64, intermediate_size=192, num_layers=2, num_attention_heads=4,
@@ -36,7 +44,10 @@ def test_small_case_by_hand():
     kept = 2 * 128 * 2 * 64
     working = 2 * 128 * 2304
     logits = 1024 * 256 * 4 * 2 + 128 * 64 * 2
-    assert x.activations * GIB == pytest.approx(kept + working + logits)
+    # The row gather's gradient: a zero [128, 64] bf16 tensor the rows' gradients are added into, and its
+    # contiguous copy for the reduce-scatter.
+    row_gather_grad = 2 * 128 * 64 * 2
+    assert x.activations * GIB == pytest.approx(kept + working + logits + row_gather_grad)
     # TP=2 halves the sharded parameters and (sequence parallel) the stored activations.
     y = estimate(
         SMALL, 128, 2, 1, 1, 1, recompute=Recompute.full, distributed_optimizer=False, overhead_gib=0
@@ -124,3 +135,63 @@ def test_plan_estimates_both_weight_sync_methods_for_the_72b_preset(capsys):
 
     assert seconds("file") == pytest.approx(gb / 8 + servers * gb / 32, abs=0.06)  # 18.2 + 72.7 s
     assert seconds("broadcast") == pytest.approx(gb * (pp - 1) / pp / 25 + gb / 25, abs=0.06)  # 5.8 s
+
+
+def test_the_row_gather_gradient_is_full_length_whatever_the_tensor_parallelism():
+    """Sequence parallelism gathers the whole sequence before the logprob head: its gradient does not shrink with
+    TP, only with CP (each CP rank holds context / CP tokens)."""
+    base = estimate(SMALL, 4096, 1, 1, 1, 1, recompute=Recompute.none, overhead_gib=0)
+    wide = estimate(SMALL, 8192, 1, 1, 1, 1, recompute=Recompute.none, overhead_gib=0)
+    layer = 2 * 4096 * (10 * 64 + 4 * 2 * 16 + 8 * 192)  # 2 layers kept, 4096 more tokens
+    assert (wide.activations - base.activations) * GIB == pytest.approx(
+        layer + 4096 * 64 * 2 + 2 * 4096 * 64 * 2
+    )
+    m = SEVEN_B
+    tp1, tp4 = (estimate(m, 32768, tp, 1, 1, 1, recompute=Recompute.full, overhead_gib=0) for tp in (1, 4))
+    kept = 28 * 32768 * 2 * m.hidden_size
+    working = 2 * 32768 * (10 * m.hidden_size + 4 * 4 * 128 + 8 * m.intermediate_size)
+    head = 1024 * m.vocab_size * 4 * 2 + 32768 * m.hidden_size * 2 + 2 * 32768 * m.hidden_size * 2
+    assert tp1.activations * GIB == pytest.approx(kept + working + head)
+    head4 = 1024 * m.vocab_size / 4 * 4 * 2 + 32768 * m.hidden_size * 2 + 2 * 32768 * m.hidden_size * 2
+    assert tp4.activations * GIB == pytest.approx((kept + working) / 4 + head4)
+
+
+def test_the_weight_sync_working_set_is_held_after_the_step_not_beside_the_activations():
+    """Rank 0 during a broadcast sync: the largest HF tensor gathered whole (SEVEN_B: the vocab x hidden embedding),
+    one bucket and its torch.cat source, the sync group's NCCL buffers; the file method only the gathered tensor."""
+    embed = 152064 * 3584 * 2
+    assert sync_working_bytes(SEVEN_B, "file") == embed
+    assert sync_working_bytes(SEVEN_B, "broadcast", 256.0) == embed + 2 * 256 * 2**20 + SYNC_NCCL_GIB * GIB
+    wide_mlp = ModelConfig(vocab_size=1000, hidden_size=64, intermediate_size=4096, num_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, params_dtype="float32")  # fmt: skip
+    assert sync_working_bytes(wide_mlp, "file") == 2 * 4096 * 64 * 4  # the fused gate/up projection, fp32
+    sync = sync_working_bytes(SEVEN_B)
+    small = estimate(SEVEN_B, 1024, 1, 1, 1, 2, overhead_gib=0, sync_bytes=sync)
+    assert small.sync * GIB == sync > small.activations * GIB
+    assert small.total == pytest.approx(small.weights + small.grads + small.optimizer + small.sync)
+    big = estimate(SEVEN_B, 32768, 1, 1, 1, 2, overhead_gib=0, sync_bytes=sync)
+    assert big.total == pytest.approx(big.weights + big.grads + big.optimizer + big.activations)
+
+
+def test_plan_states_the_checkpoint_size_write_time_and_the_paper_presets_live_footprint(capsys):
+    import re
+
+    from swe_megatron.cli import main
+    from swe_megatron.config.load import find_preset, load_config
+
+    assert main(["plan", "paper-72b", "--fs-write-gbps", "5"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("checkpoint per committed unit")]
+    cfg = load_config("paper-72b")
+    n = total_params(cfg.model)
+    unit = n * (2 + 12 + 2) / 1e12  # bf16 weights, fp32 master + 2 moments, bf16 HF export
+    assert f"= {unit:.2f} TB, written at 5 GB/s" in line
+    assert float(re.search(r"= (\d+) s;", line).group(1)) == pytest.approx(unit * 1e12 / 5e9, abs=0.5)
+    keep = cfg.checkpoint.keep_last
+    live = float(re.search(r"being written = ([0-9.]+) TB", line).group(1))
+    assert live == pytest.approx((keep + 1) * unit, abs=0.006)
+    # the preset states the footprint the plan computes (at the default 10 GB/s)
+    text = find_preset("paper-72b").read_text()
+    assert (
+        f"keep_last {keep} holds {live:.2f} TB live" in text and f"{unit:.2f} TB, ~{unit * 100:.0f} s" in text
+    )
