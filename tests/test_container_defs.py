@@ -38,6 +38,7 @@ WHERE = {
     "git": "host",  # sandbox/git_history.py (sandbox servers); tasks/factory/repo.py (make-tasks)
     "sbatch": "login",  # launch/submit.py (checks that Slurm is there before submitting through submitit)
     "bash": "login",  # launch/submit.py (submitit's job runs slurm/common.sh on the host); make-tasks
+    "tar": "task",  # sandbox/apptainer.py: inside the TASK's image (apptainer exec IMAGE tar), to read its /testbed
 }
 # Programs the pinned libraries start inside the image, per def: triton (vllm, torch) compiles its CUDA
 # launcher stubs with gcc at run time (triton/runtime/build.py: CC, else gcc, else clang); torch inductor
