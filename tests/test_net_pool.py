@@ -1,5 +1,5 @@
-"""net.py's ConnectionPool against a real HTTP/1.1 server on localhost that counts what it receives, and
-raise_open_files against a stand-in for the resource module (limits as plain numbers)."""
+"""net.py's ConnectionPool against a real HTTP/1.1 server on localhost that counts what it receives, the health
+probes against one that comes up late or hangs, and raise_open_files against a stand-in for the resource module."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ import pytest
 
 from swe_megatron import net
 from swe_megatron.errors import UsageError
-from swe_megatron.net import ConnectionPool, raise_open_files
+from swe_megatron.net import (
+    ConnectionPool,
+    free_port,
+    http_health,
+    raise_open_files,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.timeout(60)
 SLOW_S = 1.5
@@ -160,3 +166,60 @@ def test_the_retry_takes_a_new_connection_not_another_kept_one(counting_server):
     time.sleep(0.1)
     assert p.exchange("POST", "/ok", b"x") == (200, b"ok")
     assert seen == {"/bye": 2, "/ok": 1}
+
+
+@pytest.fixture
+def health_server():
+    """(url, becomes_healthy_at): /health answers 503 until that monotonic time (now + 0.4 s), then 200;
+    /hang reads the request and never answers."""
+    ready_at = [time.monotonic() + 0.4]
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/hang":
+                time.sleep(5)
+                return
+            ok = self.path == "/health" and time.monotonic() >= ready_at[0]
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", ready_at
+    httpd.shutdown()
+
+
+def _within(seconds: float, fn, *args):
+    """fn(*args), failing the test if it has not returned after `seconds` (a probe that ignores its timeout)."""
+    out: list = []
+    th = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    th.start()
+    th.join(seconds)
+    assert out, f"{fn.__name__}{args} still waiting after {seconds} s"
+    return out[0]
+
+
+def test_the_health_probe_reads_health_by_default_and_says_why_not(health_server):
+    url, ready_at = health_server
+    assert http_health(url, 2) == "HTTP 503"
+    ready_at[0] = 0
+    assert http_health(url, 2) is None  # the default path is /health
+    assert http_health(f"http://127.0.0.1:{free_port()}", 2) == "[Errno 111] Connection refused"  # the reason
+    assert _within(3, http_health, url, 0.3, "/hang") == "timed out"  # an error without a reason: its text
+
+
+def test_wait_healthy_polls_once_a_second_until_healthy_and_bounds_each_probe(health_server):
+    url, _ = health_server
+    start = time.monotonic()
+    assert wait_healthy(url, None, 10) is None  # /health by default, healthy after 0.4 s: the second probe
+    assert 0.9 < time.monotonic() - start < 1.8
+    assert _within(5, wait_healthy, url, None, 0.3, "/hang") == "not healthy after 0 s (timed out)"
+
+
+def test_a_free_port_is_one_the_os_picked():
+    assert all(1024 <= free_port() < 65536 for _ in range(3))  # root may bind port 1: never ask for it
