@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,6 +38,7 @@ def counting_server():
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             seen[self.path] += 1
+            seen[self.client_address] += 1  # one key per connection
             if self.path == "/drop":
                 self.close_connection = True
                 return
@@ -165,7 +167,7 @@ def test_the_retry_takes_a_new_connection_not_another_kept_one(counting_server):
         p.give(conn, resp)  # answered as kept-alive: back in the pool, then closed by the server
     time.sleep(0.1)
     assert p.exchange("POST", "/ok", b"x") == (200, b"ok")
-    assert seen == {"/bye": 2, "/ok": 1}
+    assert {k: n for k, n in seen.items() if isinstance(k, str)} == {"/bye": 2, "/ok": 1}
 
 
 @pytest.fixture
@@ -223,3 +225,17 @@ def test_wait_healthy_polls_once_a_second_until_healthy_and_bounds_each_probe(he
 
 def test_a_free_port_is_one_the_os_picked():
     assert all(1024 <= free_port() < 65536 for _ in range(3))  # root may bind port 1: never ask for it
+
+
+def test_requests_in_turn_share_one_kept_connection_and_the_pool_s_timeout_is_the_default(counting_server):
+    pool, seen = counting_server
+    p = pool()
+    for _ in range(3):
+        assert p.exchange("POST", "/ok", b"x") == (200, b"ok")
+    assert [n for key, n in seen.items() if isinstance(key, tuple)] == [3]  # one connection for all three
+    conn = p.take()
+    assert conn.reused  # take() gives the kept one unless asked for a fresh one
+    p.give(conn, SimpleNamespace(will_close=False))
+    assert not p.take(fresh=True).reused
+    with pytest.raises(TimeoutError):
+        pool(timeout_s=0.3).exchange("POST", "/slow", b"x")  # no timeout of its own: the pool's
