@@ -50,6 +50,10 @@ def counting_server():
             self.wfile.write(b"ok")
             self.close_connection = self.path == "/bye"
 
+        def finish(self):
+            super().finish()
+            seen["closed"] += 1  # the client closed the connection (or the server did)
+
         def log_message(self, *a):
             pass
 
@@ -167,7 +171,7 @@ def test_the_retry_takes_a_new_connection_not_another_kept_one(counting_server):
         p.give(conn, resp)  # answered as kept-alive: back in the pool, then closed by the server
     time.sleep(0.1)
     assert p.exchange("POST", "/ok", b"x") == (200, b"ok")
-    assert {k: n for k, n in seen.items() if isinstance(k, str)} == {"/bye": 2, "/ok": 1}
+    assert (seen["/bye"], seen["/ok"]) == (2, 1)
 
 
 @pytest.fixture
@@ -239,3 +243,16 @@ def test_requests_in_turn_share_one_kept_connection_and_the_pool_s_timeout_is_th
     assert not p.take(fresh=True).reused
     with pytest.raises(TimeoutError):
         pool(timeout_s=0.3).exchange("POST", "/slow", b"x")  # no timeout of its own: the pool's
+
+
+def test_close_closes_the_kept_connections(counting_server):
+    pool, seen = counting_server
+    p = pool()
+    p.exchange("POST", "/ok", b"x")
+    time.sleep(0.2)
+    assert seen["closed"] == 0  # kept open for the next request
+    p.close()
+    deadline = time.monotonic() + 5
+    while seen["closed"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert seen["closed"] == 1
