@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import logging
 import os
 import sys
 import tempfile
@@ -119,3 +120,11 @@ def one_slurm_test_at_a_time(request):
     with SLURM_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture(autouse=True)
+def logging_back():
+    """A command stopped by a signal (cli.main, errors.stop_on_signal) silences warnings for the rest of its
+    process; in the test process that leaked into later tests (the cgroup tests' caplog saw nothing)."""
+    yield
+    logging.disable(logging.NOTSET)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -29,12 +28,6 @@ ROW = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _logging_back():
-    yield
-    logging.disable(logging.NOTSET)  # an interrupt silences warnings for the rest of the process
-
-
 def _error(capsys, argv: list[str]) -> str:
     """The one stderr line of a command that must refuse (exit 2)."""
     assert main(argv) == 2
@@ -51,6 +44,8 @@ def tasks_file(tmp_path) -> Path:
 
 
 def test_rollout_refuses_bad_numbers_and_outputs(tmp_path, tasks_file, capsys):
+    # a row that grades (a test command): rows that cannot are refused at load, before --out is looked at
+    tasks_file.write_text(json.dumps({**ROW, "repo_dir": str(tmp_path), "test_cmd": "pytest"}) + "\n")
     base = ["rollout", "embedded", "--tasks", str(tasks_file), "--policy", "gold"]
     out = tmp_path / "out"
     assert "--samples -1 is invalid" in _error(capsys, [*base, "--out", str(out), "--samples", "-1"])
