@@ -27,6 +27,7 @@ sc = pytest.importorskip("pyseccomp")
 if platform.machine() != "x86_64":
     pytest.skip("the probes resolve x86_64 call numbers and run x86 machine code", allow_module_level=True)
 
+from swe_megatron.sandbox.base import SandboxError  # noqa: E402
 from swe_megatron.sandbox.seccomp import REFUSED, filter_program  # noqa: E402
 
 REACH_INTO_ANOTHER = (
@@ -207,3 +208,18 @@ def test_32_bit_abis_are_filtered_too(tmp_path, abi, template, arch):
             run.stdout,
             run.stderr[-500:],
         )
+
+
+def test_without_libseccomp_the_error_names_the_fix(monkeypatch):
+    """pyseccomp missing (or finding no libseccomp): one SandboxError that says what to install, and where."""
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import raises ImportError
+    filter_program.cache_clear()
+    try:
+        with pytest.raises(SandboxError) as info:
+            filter_program()
+    finally:
+        filter_program.cache_clear()
+    assert str(info.value).startswith("cannot build the sandbox's seccomp filter (")
+    assert str(info.value).endswith(
+        "): install libseccomp2 (tools/sandbox_setup.sh) and pyseccomp (requirements/cpu.txt)"
+    )
