@@ -200,6 +200,32 @@ def report(files: list[str], statuses: dict[str, str], show, constants: dict | N
     return total_survived
 
 
+def run_mutmut(work: Path, env: dict[str, str], jobs: int) -> bool:
+    """mutmut's run in the copy; False (its log's tail printed) when it failed."""
+    log = work / "mutmut.log"
+    # Its own session: mutmut forks a child per mutant, and a stopped check must stop them all.
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        run.wait()
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    text = log.read_text(errors="replace")
+    if run.returncode and "could not find any test case for any mutant" in text:
+        print("mutate: mutmut made no mutant the tests reach in their process (or none at all)", flush=True)
+    elif run.returncode:
+        print(text[-4000:], file=sys.stderr)
+        print(f"mutate: mutmut failed (exit {run.returncode}); its files are in {work}", file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -213,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
     ap.add_argument("--no-constants", action="store_true", help="leave the top-level constants alone")
+    ap.add_argument(
+        "--only-constants", action="store_true", help="the constants' mutants only (no mutmut run)"
+    )
     ap.add_argument("--no-rerun", action="store_true",
                     help="skip the rerun of mutmut's survivors and untested mutants against all the tests")  # fmt: skip
     args = ap.parse_args(argv)
@@ -248,32 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         if (baseline := run_tests(work, plain, tests, args.markers, 3600)) != "survived":
             ap.error(f"the tests do not pass on the unmutated copy ({baseline}): fix them first")
         timeout_s = max(60.0, 4 * (time.monotonic() - start))
-        # Its own session: mutmut forks a child per mutant, and a stopped check must stop them all.
-        log = work / "mutmut.log"
-        with log.open("w") as out:
-            run = subprocess.Popen(
-                [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs)], cwd=work, env=env,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        try:
-            run.wait()
-        finally:
-            if run.poll() is None:
-                os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
-        if run.returncode and "could not find any test case for any mutant" in log.read_text(
-            errors="replace"
-        ):
-            print(
-                "mutate: mutmut made no mutant the tests reach in their process (or none at all)", flush=True
-            )
-        elif run.returncode:
-            print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
-            print(f"mutate: mutmut failed (exit {run.returncode}); its files are in {work}", file=sys.stderr)
+        if not args.only_constants and not run_mutmut(work, env, args.jobs):
             args.keep = work
             return 2
-        statuses = results(work, env)
+        statuses = {} if args.only_constants else results(work, env)
         if not args.no_rerun:
             mods = tuple(module_name(f) + "." for f in files)
             again = [n for n, st in statuses.items() if n.startswith(mods) and st not in KILLED]
