@@ -56,6 +56,10 @@ TARGETS = {"min_rise_all": 15.0, "mean_rise_all": 25.0}
 """Issue 38's targets in points: every seed's rise over all RL iterations, and their mean over seeds."""
 
 
+def _f(x, spec: str = "+.1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def rise(rates: list[float]) -> float | None:
     """Mean of the last two values minus the mean of the first two, x100 (points); None with fewer than 2."""
     if len(rates) < 2:
@@ -120,13 +124,13 @@ def verdict(runs: list[dict]) -> tuple[dict, list[str]]:
         if x["rise_all"] < TARGETS["min_rise_all"]:
             missed.append(f"{name}: rise over all RL iterations {x['rise_all']:+.1f} < +{TARGETS['min_rise_all']:.0f}")
         if x["rise_stage1"] is None or x["rise_stage1"] <= 0:
-            missed.append(f"{name}: stage 1 did not rise ({x['rise_stage1']})")
+            missed.append(f"{name}: stage 1 did not rise ({_f(x['rise_stage1'])})")
         if not x["give_ups_fell"]:
             missed.append(f"{name}: give-ups did not fall ({x['give_ups_first_two']} -> {x['give_ups_last_two']})")
     done = [x for x in rises if x is not None]
     mean = statistics.mean(done) if done else None
     if mean is None or mean < TARGETS["mean_rise_all"]:
-        missed.append(f"mean rise over seeds {mean} < +{TARGETS['mean_rise_all']:.0f}")
+        missed.append(f"mean rise over seeds {_f(mean)} < +{TARGETS['mean_rise_all']:.0f}")
     s1 = [x["rise_stage1"] for x in j if x["rise_stage1"] is not None]
     summary = {
         "seeds": [r["seed"] for r in runs],
@@ -140,10 +144,6 @@ def verdict(runs: list[dict]) -> tuple[dict, list[str]]:
         "heldout_pass@1": [r["heldout_pass@1"] for r in runs],
     }
     return summary, missed
-
-
-def _f(x, spec: str = "+.1f") -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def print_mode(mode: str, runs: list[dict]) -> list[str]:
