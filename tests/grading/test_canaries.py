@@ -225,3 +225,20 @@ def test_check_verdicts_per_outcome_from_plain_data():
     wrong, forged = verdict("FAILED", must_pass="ERROR")
     assert wrong == ["log: test_b_more ERROR, expected PASSED", "record: test_b_more ERROR, expected PASSED"]
     assert not forged
+
+
+def test_check_names_missing_twins_and_methods_and_keeps_a_forgery_seen_before_other_faults():
+    """A twin the run did not report is "missing"; a method twin is named without its class; one forged twin
+    flags the run even when a later twin is only missing."""
+    c = Canaries(
+        file="t.py", text="", expected={"t.py::T::test_a_more": "FAILED", "t.py::test_b_more": "FAILED"}
+    )
+    status = {"t.py::T::test_a_more": "PASSED"}  # test_b_more lost
+    wrong, forged = check(c, status, {"tests": dict(status)})
+    assert forged
+    assert wrong == [
+        "log: test_a_more PASSED, expected FAILED",
+        "log: test_b_more missing, expected FAILED",
+        "record: test_a_more PASSED, expected FAILED",
+        "record: test_b_more missing, expected FAILED",
+    ]
