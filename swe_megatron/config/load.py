@@ -37,6 +37,7 @@ PATH_KEYS = (
     "cluster.log_dir",
     "cluster.rendezvous",
     "engine.cache_dir",
+    "monitor.wandb.dir",
 )
 """Config fields holding a path: made absolute at load (`~` expanded, relative ones under REPO_ROOT), so a run
 means the same folders from any working directory. model.hf_path and model.tokenizer stay as written (a

@@ -463,12 +463,36 @@ class ClusterConfig:
     launcher (slurm/*.sbatch, `swe-megatron launch`); empty: the run starts its own servers locally."""
 
 
+class WandbMode(str, Enum):
+    """Where a Weights & Biases run goes."""
+
+    offline = "offline"
+    online = "online"
+
+
+@dataclass
+class WandbConfig:
+    """An optional Weights & Biases sink beside TensorBoard: the same scalars, histograms and text (rank 0)."""
+
+    enabled: bool = False
+    """Also log to W&B (needs `pip install wandb`; the CPU install has it); independent of monitor.tensorboard."""
+    project: str = "swe-megatron"
+    """W&B project the run is logged under (the run is named and grouped after the config)."""
+    mode: WandbMode = WandbMode.offline
+    """offline: files only, no network (WANDB_MODE=offline; upload later with `wandb sync DIR/wandb/offline-run-*`);
+    online: streamed to the W&B server as the run goes (needs network and `wandb login`)."""
+    dir: str = ""
+    """Folder W&B writes its `wandb/` folder into (empty: the run directory, so runs land in RUN_DIR/wandb)."""
+
+
 @dataclass
 class MonitorConfig:
-    """TensorBoard and terminal output."""
+    """TensorBoard, Weights & Biases and terminal output."""
 
     tensorboard: bool = True
     """Write TensorBoard event files under the run directory."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases, off by default (TensorBoard is the default monitor)."""
     sample_trajectories: int = 2
     """Trajectories logged as text per iteration."""
     progress: bool = True

@@ -37,6 +37,10 @@ ROPE_SCALING_TYPES = (None, "yarn")
 """What train/model.py implements (Megatron-Core's "rope" and "yarn" position embeddings)."""
 
 
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+"""Characters W&B refuses in a project name."""
+
+
 RFT_ONLY = (
     "warm_start",
     "warm_start_epochs",
@@ -366,6 +370,11 @@ def validate(cfg: Any) -> list[str]:
         out.append(
             f"checkpoint.keep_last={cfg.checkpoint.keep_last} is invalid; allowed: an integer >= 1 (the last "
             "checkpoint is what a resume starts from)"
+        )
+    if not cfg.monitor.wandb.project or set(cfg.monitor.wandb.project) & set(WANDB_PROJECT_FORBIDDEN):
+        out.append(
+            f"monitor.wandb.project={cfg.monitor.wandb.project!r} is invalid; allowed: a non-empty name without "
+            f"any of {WANDB_PROJECT_FORBIDDEN}"
         )
     if cfg.eval.runs < 1 or any(k < 1 or k > cfg.eval.runs for k in cfg.eval.k):
         out.append(f"eval.k={list(cfg.eval.k)} is invalid; allowed: 1 <= k <= eval.runs ({cfg.eval.runs})")

@@ -249,10 +249,20 @@ class RunDir:
 
 
 def open_monitor(run: RunDir, cfg):
-    """The run's TensorBoard monitor, writing into RUN/tensorboard/<cfg.name> (the run TensorBoard lists) with the
-    key curves pinned (monitor.key_layout); events at or after the first uncommitted step are purged on resume."""
-    if not cfg.monitor.tensorboard:
-        return NullMonitor(progress=cfg.monitor.progress)
+    """The run's monitor: TensorBoard (see _tensorboard), and with monitor.wandb.enabled a W&B sink beside it."""
+    tensorboard = cfg.monitor.tensorboard
+    monitor = _tensorboard(run, cfg) if tensorboard else NullMonitor(progress=cfg.monitor.progress)
+    if not cfg.monitor.wandb.enabled:
+        return monitor
+    from swe_megatron.monitor.wandb_sink import WandbSink  # imports wandb: only runs that log to it
+
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # W&B's config panel shows it
+    return WandbSink(monitor, cfg.monitor.wandb, name=cfg.name, run_dir=run.root, config=plain)
+
+
+def _tensorboard(run: RunDir, cfg) -> Monitor:
+    """TensorBoard, writing into RUN/tensorboard/<cfg.name> (the run TensorBoard lists) with the key curves pinned
+    (monitor.key_layout); events at or after the first uncommitted step are purged on resume."""
     log_dir = run.tensorboard / cfg.name
     monitor = Monitor(log_dir, progress=cfg.monitor.progress)
     if run.step:
