@@ -4,7 +4,7 @@ Learning from reward is what this project exists for, and a change to the agent,
 the engine, grading, the algorithm or sampling can break it without any unit test noticing (issue 38: the
 README's own seed stopped rising in stage 1). This runs, per mode and seed, the README's main job
 
-    swe-megatron run embedded run_dir=RUN_ROOT/<mode>-s<seed> seed=<seed> [mode overrides] [-- overrides]
+    swe-megatron run embedded run_dir=RUN_ROOT/<mode>-s<seed> seed=<seed> engine.port=0 [mode overrides] [-- overrides]
 
 (the whole schedule: warm start, rft, stage1, stage2, eval; OMP_NUM_THREADS=1), then reads every unit's
 metrics.json and prints per seed: the warm start's epochs and final loss, the resolved rate of each RL
@@ -171,8 +171,9 @@ def run_one(run_root: Path, mode: str, seed: int, overrides: list[str], fresh: b
     run_dir, log = run_root / f"{mode}-s{seed}", run_root / f"{mode}-s{seed}.log"
     if fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
+    # engine.port=0: a free port, so runs side by side (--jobs) or beside other jobs do not collide on 8100
     cmd = [str(ROOT / ".venv/bin/swe-megatron"), "run", "embedded", f"run_dir={run_dir}", f"seed={seed}",
-           *MODES[mode], *overrides]  # fmt: skip
+           "engine.port=0", *MODES[mode], *overrides]  # fmt: skip
     print(f"{mode} seed {seed}: {' '.join(cmd)} (log {log})", flush=True)
     t0 = time.monotonic()
     with open(log, "ab") as out:
