@@ -209,7 +209,6 @@ def run_mutmut(work: Path, env: dict[str, str], jobs: int) -> bool:
             [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         run.wait()
     finally:
@@ -258,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no test file imports {', '.join(files)}: name the tests with --tests")
     print(f'mutate: {" ".join(files)}\ntests:  {" ".join(tests)}  (-m "{args.markers}")', flush=True)
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped check still cleans up (finally below)
     work = args.keep or Path(tempfile.mkdtemp(prefix="swe-mutate-"))
     work.mkdir(parents=True, exist_ok=True)
     if (work / "pyproject.toml").exists():
