@@ -725,17 +725,19 @@ _swept: set[str] = set()
 
 
 def _check_file_max(cfg, path: str = "/proc/sys/fs/file-max") -> None:
-    """Warn (once) when the sandboxes of one server could together open more files than the host allows:
-    RLIMIT_NOFILE is per process, so max_concurrent x max_processes x max_open_files is the bound."""
+    """Warn (once) when one sandbox could open more files than the host allows: RLIMIT_NOFILE is per process,
+    so max_processes x max_open_files is what one runaway sandbox can pin. Not times max_concurrent: that
+    product (4,194,304 with the defaults) needs every sandbox to fork to its limit with every file open at
+    once, which no agent does, and it warned on every start on ordinary hosts (issue 42, item 11)."""
     try:
         file_max = int(Path(path).read_text())
     except (OSError, ValueError):
         return
-    worst = cfg.max_concurrent * cfg.max_processes * cfg.max_open_files
-    if worst > file_max:
+    one_sandbox = cfg.max_processes * cfg.max_open_files
+    if one_sandbox > file_max:
         warn_once(
-            f"sandbox.max_concurrent x max_processes x max_open_files = {worst} exceeds the host's fs.file-max "
-            f"({file_max}): sandboxes could exhaust the host's open files; lower sandbox.max_open_files"
+            f"sandbox.max_processes x max_open_files = {one_sandbox} exceeds the host's fs.file-max ({file_max}): "
+            "one sandbox could exhaust the host's open files; lower sandbox.max_open_files"
         )
 
 

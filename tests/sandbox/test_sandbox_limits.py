@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sandbox_servers import SandboxServer
 
-from swe_megatron.config.schema import SandboxBackend
+from swe_megatron.config.schema import SandboxBackend, SandboxConfig
 from swe_megatron.sandbox import SandboxSpec
 from swe_megatron.sandbox.cgroups import parents
 from swe_megatron.sandbox.shell import _check_file_max
@@ -134,8 +134,17 @@ def test_a_host_file_max_the_sandboxes_could_exhaust_is_warned_about(cfg, tmp_pa
     """20,000 open files x 256 processes (one sandbox) exceeded this host's fs.file-max: said at start."""
     file_max = tmp_path / "file-max"
     file_max.write_text("2466170\n")
-    _check_file_max(replace(cfg, max_concurrent=16, max_processes=256, max_open_files=20000), str(file_max))
-    assert "exceeds the host's fs.file-max (2466170)" in caplog.text and "81920000" in caplog.text
+    _check_file_max(replace(cfg, max_concurrent=1, max_processes=256, max_open_files=20000), str(file_max))
+    assert "exceeds the host's fs.file-max (2466170)" in caplog.text and "5120000" in caplog.text
     caplog.clear()
     _check_file_max(replace(cfg, max_concurrent=4, max_processes=256, max_open_files=1024), str(file_max))
+    assert caplog.text == ""
+
+
+def test_the_default_sandbox_settings_do_not_warn_about_file_max(tmp_path, caplog):
+    """Issue 42 item 11: the defaults (16 sandboxes x 256 processes x 1024 files = 4,194,304) warned on every
+    sandbox start on this ordinary host (fs.file-max 2466170); one sandbox's 262,144 is the real bound."""
+    file_max = tmp_path / "file-max"
+    file_max.write_text("2466170\n")
+    _check_file_max(SandboxConfig(), str(file_max))
     assert caplog.text == ""
