@@ -359,3 +359,10 @@ def test_config_paths_are_read_from_the_repository_not_the_cwd(tmp_path, monkeyp
     assert cfg.run_dir == str(repo / "runs/y") and cfg.cluster.log_dir == "/abs/logs"
     assert cfg.cluster.rendezvous == str(home / "rv.json") and cfg.sandbox.sif_dir == ""
     assert cfg.engine.cache_dir == str(home / ".cache/swe-megatron/engine")
+
+
+def test_show_config_without_arguments_says_what_it_needs(capsys):
+    """Issue 42 item 10: argparse said "required: CONFIG, key=value" though the overrides are optional."""
+    assert main(["show-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs CONFIG" in err and "embedded" in err and "key=value" not in err
