@@ -35,7 +35,7 @@ def stop_on_signal(signum: int, frame=None) -> None:
     raise Interrupted(signum)
 
 
-def output_folder(path: str, flag: str = "--out") -> Path:
+def output_folder(path: str, flag: str = "--out", remedy: str = "give a new folder or remove it") -> Path:
     """A command's output folder, checked before any work: UsageError if it is a file or a folder already
     holding files (a rerun never overwrites an earlier output silently)."""
     out = Path(path)
@@ -43,7 +43,7 @@ def output_folder(path: str, flag: str = "--out") -> Path:
         raise UsageError(f"{flag} {path} is a file; give a folder (new, or empty)")
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(
-            f"{flag} {path} already holds files (an earlier output?); give a new folder or remove it"
+            f"{flag} {path} already holds files (an earlier output?); {remedy}"
         )
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():

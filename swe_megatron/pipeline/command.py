@@ -41,11 +41,14 @@ def _eval(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UsageError(f"--runs {args.runs} is invalid; allowed: an integer >= 1")
     # lazy: torch, transformers (pipeline.eval, topology, rollout.setup)
-    from swe_megatron.pipeline.eval import check_model_name, evaluate, model_name
+    from swe_megatron.pipeline.eval import check_model_name, checkpoint_model_name, command_ks, evaluate
 
-    named = (model_dir.parent if model_dir.name == "hf" else model_dir).resolve().name
-    name = check_model_name(args.model_name) if args.model_name else model_name(cfg.model.name, named)
-    out = output_folder(args.out or str(ckpt / "eval"))
+    name = check_model_name(args.model_name) if args.model_name else checkpoint_model_name(cfg, model_dir)
+    if args.out:
+        out = output_folder(args.out)
+    else:  # the default folder: the refusal names what the user can do, not an option they never gave
+        out = output_folder(str(ckpt / "eval"), flag="the default output folder (no --out given)",
+                            remedy="give --out NEW_DIR, or remove it")  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     library_warnings_to(out / "library-warnings.log")
     from omegaconf import OmegaConf
@@ -63,6 +66,7 @@ def _eval(args: argparse.Namespace) -> int:
             args.runs,
             out,
             name,
+            ks=command_ks(args.runs),
         )
     print(f"\n{text}\n\ntable: {out / 'table.md'}\nSWE-bench predictions: {out / 'predictions.jsonl'}")
     return 0
@@ -87,7 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--tasks", required=True, metavar="FILE", help="JSONL task file")
     e.add_argument(
-        "--runs", type=int, default=10, metavar="N", help="runs per task (default 10, the paper's)"
+        "--runs", type=int, default=10, metavar="N", help="runs per task (default 10, the paper's); pass@1 and pass@N are reported"
     )
     e.add_argument("--max-tasks", type=int, metavar="N", help="only the first N tasks (default: all)")
     e.add_argument("--out", metavar="DIR", help="output folder, new or empty (default: DIR/eval)")

@@ -32,6 +32,14 @@ def model_name(*parts: str) -> str:
     return "__".join(c for c in cleaned if c) or "model"
 
 
+def checkpoint_model_name(cfg, model_dir: Path) -> str:
+    """The model name of a checkpoint as the run's own eval unit gives it (stages._evaluate: model, config, unit):
+    a run's checkpoint folder is named after its unit (checkpoints/stage2-1/hf), so both give
+    tiny-qwen2__embedded__stage2-1."""
+    named = (model_dir.parent if model_dir.name == "hf" else model_dir).resolve().name
+    return model_name(cfg.model.name, cfg.name, named)
+
+
 def check_model_name(name: str) -> str:
     """`name` if it is a plain model_name_or_path (PLAIN_NAME), else UsageError naming what is allowed."""
     if not PLAIN_NAME.fullmatch(name):
@@ -94,14 +102,22 @@ def write_predictions(trajs: list[Trajectory], model_name: str, out_dir: Path) -
     return first
 
 
+def command_ks(runs: int) -> list[int]:
+    """The pass@k values `swe-megatron eval --runs N` reports: pass@1 and pass@N (the paper's Table 1: pass@1 and
+    pass@10 over 10 runs). k follows the runs the user asked for; eval.k belongs to the config's own eval.runs
+    (embedded: 3 runs, k [1, 3]) and would report pass@3, not pass@10, for --runs 10."""
+    return sorted({1, runs})
+
+
 def evaluate(
-    rollouts: Rollouts, tasks: list[Task], runs: int, out_dir: Path, model_name: str
+    rollouts: Rollouts, tasks: list[Task], runs: int, out_dir: Path, model_name: str, ks: list[int] | None = None
 ) -> tuple[dict, str]:
-    """Roll out every task `runs` times at the eval limits; write report.json, table.md and the predictions."""
+    """Roll out every task `runs` times at the eval limits; write report.json, table.md and the predictions.
+    ks: the pass@k values reported (default eval.k, the run's eval unit's; those above `runs` are left out)."""
     check_model_name(model_name)
     ev = rollouts.cfg.eval
     trajs, stats = rollouts.run(tasks, runs, rollouts.limits(ev), out_dir)
-    ks = list(ev.k)
+    ks = list(ev.k if ks is None else ks)
     report = eval_report(trajs, ks, model_name) | {"seconds": stats.time_split()}
     write_predictions(trajs, model_name, out_dir)
     text = table(report, ks)
