@@ -25,11 +25,17 @@ def _launch(args: argparse.Namespace) -> int:
     print(f"submitted job {job.job_id} ({args.cluster})")
     print(f"  stdout: {job.paths.stdout}")
     print(f"  stderr: {job.paths.stderr}")
-    print(f"  watch:  squeue -j {job.job_id}; tail -f {job.paths.stdout}")
+    print(f"  watch:  {_watch(args.cluster, job)}")
     if args.cluster == "debug":  # submitit's debug executor runs the job in this process on result()
         job.result()
         print(f"job {job.job_id} finished")
     return 0
+
+
+def _watch(cluster: str, job) -> str:
+    """How to follow the job: squeue knows only Slurm jobs (a local or debug job is a process on this machine)."""
+    tail = f"tail -f {job.paths.stdout}"
+    return f"squeue -j {job.job_id}; {tail}" if cluster == "slurm" else tail
 
 
 def _build_sifs(args: argparse.Namespace) -> int:

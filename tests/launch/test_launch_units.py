@@ -178,3 +178,23 @@ def test_sandbox_step_publishes_this_starts_address_not_an_earlier_one(tmp_path,
                "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1"}  # fmt: skip
     assert steps.sandbox_server(str(job), "embedded", [], environ=environ) == 0
     assert rendezvous.entries(job)["sandbox"][0]["url"] == "http://vm:2222"
+
+
+@pytest.mark.parametrize("cluster", ["local", "slurm"])
+def test_launch_names_squeue_only_for_a_slurm_job(tmp_path, capsys, monkeypatch, cluster):
+    """Issue 42 item 10: `launch --cluster local` printed `squeue -j PID` for a job Slurm never saw.
+    submitit's submission is the boundary faked here; the config, folders and printing are the real ones."""
+    import submitit
+
+    from swe_megatron.cli import main
+
+    stdout = tmp_path / "run/slurm/4242/4242_0_log.out"
+    job = type(
+        "Job", (), {"job_id": "4242", "paths": type("Paths", (), {"stdout": stdout, "stderr": stdout})}
+    )
+    monkeypatch.setattr(submitit.AutoExecutor, "submit", lambda self, fn: job)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")  # sbatch "present" for slurm
+    assert main(["launch", "embedded", "--cluster", cluster, f"run_dir={tmp_path / 'run'}"]) == 0
+    out = capsys.readouterr().out
+    assert f"tail -f {stdout}" in out
+    assert ("squeue -j 4242" in out) == (cluster == "slurm"), out
