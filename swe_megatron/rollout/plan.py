@@ -115,11 +115,21 @@ def rollout_phase(cfg, stage: str, a: RolloutAssumptions) -> RolloutPhase:
                         latency_s, concurrency, servers, kv_tokens_per_server(cfg, a))  # fmt: skip
 
 
+def describe_assumptions(a: RolloutAssumptions) -> str:
+    """The assumptions in words, each with the `plan` flag that changes it."""
+    return (
+        f"mean turns {a.turns_fraction:g} x t_max (--turns-fraction), first prompt {a.first_prompt_tokens} tokens, "
+        f"{a.gen_tokens_per_turn} generated + {a.obs_tokens_per_turn} observed per turn, one server decodes "
+        f"{a.decode_tps:g} and prefills {a.prefill_tps:g} tokens/s, {a.tool_s:g} s per command, {a.gpu_gib:g} GiB "
+        f"GPUs, prefix cache {'on' if a.prefix_cache else 'off'}"
+    )
+
+
 def format_phases(cfg, a: RolloutAssumptions) -> str:
     """The rollout phase of one iteration of each stage in the schedule, with the capacity it runs on."""
     e = cfg.engine
     lines = [
-        f"rollout phase of one iteration (estimates; assumptions: {a}):",
+        f"rollout phase of one iteration (estimates; assumptions: {describe_assumptions(a)}):",
         f"  capacity: agent.concurrency {cfg.agent.concurrency} episodes in flight; engines "
         f"{e.num_servers} x {e.episodes_per_server} = {engine_capacity(cfg)} (engine.num_servers x "
         f"episodes_per_server); sandbox slots {sandbox_slots(cfg)} (sandbox.max_concurrent x cluster.nodes); "

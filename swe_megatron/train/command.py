@@ -176,7 +176,11 @@ def _plan(args: argparse.Namespace) -> int:
             f"sequence_parallel={'true' if best.tp > 1 else 'false'}"
         )
         return 0
-    print("no layout fits: more GPUs, a shorter context, or recompute=full")
+    full = args.recompute == Recompute.full.value  # then suggesting it again would be no advice
+    print(
+        "no layout fits: more GPUs"
+        + (" or a shorter context" if full else ", a shorter context or --recompute full")
+    )
     return 1
 
 

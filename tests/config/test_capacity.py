@@ -51,7 +51,7 @@ def test_plan_prints_each_stage_rollout_phase(capsys):
     assert main(["plan", "paper-72b", "--top", "1"]) == 0
     out = capsys.readouterr().out
     for needle in ("stage1: 3000 episodes x 24 turns", "stage2: 1000 episodes x 48 turns", "generated",
-                   "prefilled", "expected", "decode_tps=2500.0", "broadcast:", "TP  PP  CP"):  # fmt: skip
+                   "prefilled", "expected", "decodes 2500 and prefills 20000 tokens/s", "broadcast:", "TP  PP  CP"):  # fmt: skip
         assert needle in out, needle
 
 
@@ -135,3 +135,17 @@ def test_the_idle_warning_starts_below_half_the_engine_places(concurrency, warne
             "to derive it from the cluster, or a larger number"
         ]
     assert idle_warnings(_cluster(servers=4, per_server=0, concurrency=1)) == []  # capacity not stated
+
+
+def test_plan_prints_assumptions_in_words_and_suggests_recompute_only_when_not_full(capsys):
+    """Issue 42 item 10: `plan paper-7b` printed a raw RolloutAssumptions(...) repr, and a plan that fits nothing
+    under --recompute full (the default) suggested recompute=full."""
+    from swe_megatron.cli import main
+
+    main(["plan", "paper-7b"])
+    out = capsys.readouterr().out
+    assert "RolloutAssumptions(" not in out and "mean turns 0.6 x t_max (--turns-fraction)" in out
+    assert main(["plan", "paper-72b", "--gpus", "3"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "no layout fits: more GPUs or a shorter context"
+    assert main(["plan", "paper-72b", "--gpus", "3", "--recompute", "selective"]) == 1
+    assert "--recompute full" in capsys.readouterr().out.splitlines()[-1]
