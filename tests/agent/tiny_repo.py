@@ -22,5 +22,5 @@ def make_task(root, name):
         f"{name}: f() must return 2",
         [],
         [],
-        extra={"repo_dir": str(repo)},
+        extra={"repo_dir": str(repo), "test_cmd": "python -m pytest -q"},  # a test command: every task has a plan
     )
