@@ -26,6 +26,17 @@ pytestmark = pytest.mark.timeout(60)
 SLOW_S = 1.5
 
 
+class QuietServer(ThreadingHTTPServer):
+    """These tests drop connections on purpose: a handler thread that outlives its test and writes to a closed
+    socket must not print socketserver's traceback into a later test's captured stderr (it failed a CLI test
+    sharing the worker)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass
+
+
 @pytest.fixture
 def counting_server():
     """(pool factory, {path: requests received}): /ok answers at once and keeps the connection; /slow answers
@@ -57,8 +68,7 @@ def counting_server():
         def log_message(self, *a):
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    httpd.daemon_threads = True
+    httpd = QuietServer(("127.0.0.1", 0), H)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     pools: list[ConnectionPool] = []
 
@@ -193,8 +203,7 @@ def health_server():
         def log_message(self, *a):
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    httpd.daemon_threads = True
+    httpd = QuietServer(("127.0.0.1", 0), H)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", ready_at
     httpd.shutdown()
