@@ -78,8 +78,15 @@ def _open(cfg, run_dir: RunDir) -> tuple[dict, list, FilterReport, dict]:
     return (*ensure_tasks(cfg), run_dir.state)
 
 
+def resume_line(root: Path, done: list[str]) -> str | None:
+    """The line a run prints when it picks up a folder with committed units (None for a fresh one)."""
+    return f"run: resuming {root} after {done[-1]} ({len(done)} unit(s) committed)" if done else None
+
+
 def _resume(cfg, run_dir: RunDir) -> list[Path]:
     """Rank 0: the live pool as last committed; the tokenizer files that go into every HF export."""
+    if line := resume_line(run_dir.root, run_dir.state["done"]):
+        print(line, flush=True)
     run_dir.restore_pool()
     tok = save_tokenizer(cfg.model.tokenizer, run_dir.root / "tokenizer")
     return sorted(p for p in tok.iterdir() if p.is_file())

@@ -101,6 +101,7 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
     assert "TensorBoard logs" in out and "eval table" in out
+    assert f"run: resuming {run_dir} after " in out  # the rerun says where it picks up (issue 42 item 10)
     state = json.loads((run_dir / "state.json").read_text())
     assert state["done"] == UNITS, "every unit committed exactly once, in order"
     assert state["step"] == 5  # warm start, rft:0, stage1:0, stage1:1, stage2:0

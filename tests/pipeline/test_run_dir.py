@@ -258,3 +258,13 @@ def test_prediction_model_names_are_plain_identifiers():
     for bad in ["tiny-qwen2 (embedded, after stage2:1)", "a/b/c", "../x", "", "a:b"]:
         with pytest.raises(UsageError, match="model name"):
             check_model_name(bad)
+
+
+def test_a_resumed_run_says_after_which_unit(tmp_path):
+    """Issue 42 item 10: a rerun that picks up committed units says so (it printed nothing)."""
+    from swe_megatron.pipeline.driver import resume_line
+
+    assert resume_line(tmp_path, []) is None
+    assert resume_line(tmp_path, ["init", "rft:warm_start", "rft:0"]) == (
+        f"run: resuming {tmp_path} after rft:0 (3 unit(s) committed)"
+    )
