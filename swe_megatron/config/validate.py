@@ -112,6 +112,8 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
         )
     if st.warm_start_lr < 0:
         out.append(f"{name}.warm_start_lr={st.warm_start_lr} is invalid; allowed: >= 0 (0 uses optim.lr)")
+    if st.warm_start_epochs < 0:
+        out.append(f"{name}.warm_start_epochs={st.warm_start_epochs} is invalid; allowed: >= 0 (the most epochs)")
     if st.warm_start_loss_target < 0:
         out.append(f"{name}.warm_start_loss_target={st.warm_start_loss_target} is invalid; allowed: >= 0 (0: no target)")
     if st.warm_start_decoys < 0:
