@@ -39,11 +39,9 @@ def demonstrations(path: Path) -> list:
 def replay(cfg, trajs: list, seed: int, say=None) -> tuple[list[dict], list[float]]:
     """The warm start of `cfg` (its rft stage) at `seed` on the trajectories: a world of one rank, the seed's
     random init, warm_start_sft. Returns (metrics per optimiser step, loss per epoch)."""
-    from swe_megatron.config.schema import LrSchedule
     from swe_megatron.pipeline import spmd
     from swe_megatron.pipeline.stages import to_samples, warm_start_sft
     from swe_megatron.pipeline.warm_start import sft_data
-    from swe_megatron.train.optim import LrScheduler
     from swe_megatron.algo import num_optimizer_steps
     from swe_megatron.train.step import Trainer
 
@@ -55,9 +53,6 @@ def replay(cfg, trajs: list, seed: int, say=None) -> tuple[list[dict], list[floa
         # The init unit's weights: a seeded random init (no hf_path); the warm start loads them with a fresh
         # optimiser, as here.
         trainer = Trainer(cfg.model, cfg.parallel, stage.optim, max(per_epoch * stage.warm_start_epochs, 1))
-        if stage.warm_start_lr > 0:
-            lr = stage.warm_start_lr
-            trainer.set_schedule(LrScheduler(lr, lr, 0, LrSchedule.constant, trainer.schedule.total_steps))
         return warm_start_sft(trainer, stage, samples, seed, say)
 
 

@@ -232,6 +232,9 @@ def warm_start_sft(trainer: Trainer, stage, samples: list[TrainSample], seed: in
     at most `stage.warm_start_loss_target`, at most `stage.warm_start_epochs` of them (a fixed count converged for
     some seeds and not for others: issue 38). Epoch e is seeded seed + e. Every rank takes the same decision: the
     loss is reduced over the ranks. `say`: progress lines (rank 0). Returns (metrics per step, loss per epoch)."""
+    if stage.warm_start_lr > 0:  # its own constant lr (RFT proper then starts a fresh optimiser and schedule)
+        lr = stage.warm_start_lr
+        trainer.set_schedule(LrScheduler(lr, lr, 0, LrSchedule.constant, trainer.schedule.total_steps))
     target, most = stage.warm_start_loss_target, stage.warm_start_epochs
     steps, losses, shown = [], [], time.monotonic()
     for e in range(most):
@@ -360,9 +363,6 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
         return
     b = ctx.world.lead(_scripted_rollouts, ctx, stage, unit, share=Batch.shared)
     trainer = trainer_for(ctx, stage_name, max(b.num_steps * stage.warm_start_epochs, 1))
-    if stage.warm_start_lr > 0:
-        lr = stage.warm_start_lr
-        trainer.set_schedule(LrScheduler(lr, lr, 0, LrSchedule.constant, trainer.schedule.total_steps))
     t = time.perf_counter()
     say = (lambda line: print(f"{unit}: {line}", flush=True)) if ctx.world.driver else None
     steps, epoch_losses = warm_start_sft(trainer, stage, b.samples, ctx.cfg.seed, say)
