@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import warm_start_replay  # noqa: E402
 
-# ~3 min per seed of Megatron-Core SFT on one idle core (335 s for two): in tools/test.sh and CI, not in plain pytest's fast selection
+# ~3 min per seed of SFT on one idle core (335 s for two): tools/test.sh and CI run it, plain pytest does not
 pytestmark = pytest.mark.e2e
 
 DEMOS = Path(__file__).with_name("data") / "warm_start_demos.jsonl.gz"
