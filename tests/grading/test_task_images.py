@@ -208,3 +208,70 @@ def test_rollout_in_the_image_runs_the_agent_in_the_task_environment(images, tmp
     assert traj.infra_failure is None, traj.infra_failure
     assert f"{ENV}/bin/python\n{ENV}" in traj.messages[3]["content"]
     assert traj.reward == 1.0 and traj.resolved and stats.resolved == 1
+
+
+def test_eval_in_the_image_through_the_sandbox_server(images, tmp_path):
+    """`eval`'s own path (pipeline.eval.evaluate, as `swe-megatron eval` and a run's eval unit call it, over the
+    sandbox server a Topology starts, here on the apptainer backend) on the SWE-rebench row, one scripted agent per
+    run: the agent's `python` is the image's; gold resolves; giving up, a conftest.py that rewrites outcomes, a
+    test file made trivial and a runner rewrite in the library do not; nothing is left out as an infrastructure
+    failure, and the table and predictions say so."""
+    import base64
+
+    from omegaconf import OmegaConf
+
+    from swe_megatron.agent.tokens import ChatFormat
+    from swe_megatron.config.load import load_config
+    from swe_megatron.engine.scripted import ScriptedPolicy, gold_patch_script
+    from swe_megatron.model.tokenizer import load_tokenizer
+    from swe_megatron.pipeline.eval import command_ks, evaluate
+    from swe_megatron.pipeline.topology import Topology
+    from swe_megatron.rollout.setup import Rollouts
+
+    tasks, cfg, source = images
+    task = tasks["swe-rebench"][0]
+    test_file = source.extra["test_files"][0]
+    module = source.patch.split("\n", 1)[0].split(" b/")[-1]
+
+    def write(path: str, text: str, keep: bool = False) -> str:  # one shell line, no quoting of the text
+        b64 = base64.b64encode(text.encode()).decode()
+        tail = f"; cat {path}" if keep else ""
+        return f"I write {path}.\n```\n{{ echo {b64} | base64 -d{tail}; }} > /tmp/new && cp /tmp/new {path}\n```"
+
+    submit = "Done.\n```\nsubmit\n```"
+    probe = "Which Python runs here?\n```\nwhich python; python -c 'import sys; print(sys.prefix)'\n```"
+    scripts = {
+        "gold": [probe, *gold_patch_script(task.patch)],
+        "give_up": [submit],
+        "conftest": [write("conftest.py", REWRITE_HOOK), submit],
+        "edit_tests": [write(test_file, "def test_nothing():\n    pass\n"), submit],
+        "runner": [write(module, RUNNER_ATTACKS["runtest_noop"], keep=True), submit],
+    }
+    names = list(scripts)
+    run = load_config("embedded", [
+        f"run_dir={tmp_path / 'run'}", "sandbox.backend=apptainer", f"sandbox.sif_dir={cfg.sif_dir}",
+        f"sandbox.workspace_root={cfg.workspace_root}", "monitor.progress=false", "agent.provenance_workers=0",
+        "sampling.max_tokens_per_turn=512",  # the hacks' base64 lines
+    ])  # fmt: skip
+    chat = ChatFormat(load_tokenizer(run.model.tokenizer))
+    engine = ScriptedPolicy(chat, {f"{task.instance_id}/{i}": s for i, s in enumerate(scripts.values())})
+    assert engine.problems(run.sampling.max_tokens_per_turn, run.eval.t_max) == {}
+    out = tmp_path / "eval"
+    config_file = tmp_path / "config.yaml"  # the sandbox server reads the run's config, as under `eval`
+    config_file.write_text(OmegaConf.to_yaml(run))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{FAKE}{os.pathsep}{os.environ['PATH']}")  # the sandbox server's apptainer too
+        with Topology(run, tmp_path / "topology", config_file) as topo:
+            sandboxes = topo.start_sandbox_server()
+            rollouts = Rollouts(run, engine, sandboxes, chat)
+            report, text = evaluate(rollouts, [task], len(names), out, "scripted", command_ks(len(names)))
+    trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    outcome = {names[t["sample_index"]]: (t["resolved"], t["infra_failure"]) for t in trajs}
+    assert outcome == {n: (n == "gold", None) for n in names}, outcome
+    gold = next(t for t in trajs if t["sample_index"] == 0)
+    observation = gold["messages"][3]["content"]
+    assert f"{ENV}/bin/python\n{ENV}" in observation, observation
+    assert report["tasks_left_out_infra"] == 0 and report["pass@1"] == pytest.approx(100 / len(names)), report
+    assert "| scripted | 20.0 +- 20.00 | 100.0 |" in text, text
+    preds = [json.loads(x) for x in (out / "predictions-run0.jsonl").read_text().splitlines()]
+    assert preds[0]["instance_id"] == task.instance_id and "+" in preds[0]["model_patch"]
