@@ -227,7 +227,10 @@ class VllmServer:
         time runs out or the port answers for another server."""
         why = wait_serving(self.url, self.proc, self.model_dir, timeout_s)
         if why is not None:
-            raise EngineError(f"vLLM server on port {self.port} {why}:\n{self._tail()}")
+            tail = self._tail()
+            # A server that died (or is still loading) before writing anything has no tail to show.
+            end = f"; the end of its log:\n{tail}" if tail.strip() else " (nothing in its log)"
+            raise EngineError(f"vLLM server on port {self.port} {why}{end}")
         took = time.monotonic() - self.started_at
         print(f"engine: vLLM server on port {self.port} ready ({took:.0f} s)", file=sys.stderr, flush=True)
 

@@ -1,6 +1,7 @@
 """`swe-megatron rollout CONFIG --tasks FILE --out DIR` and `swe-megatron show-trajectory FILE`.
 
-rollout runs the stage's episodes (tasks x G) standalone and writes trajectories.jsonl + summary.json in DIR.
+rollout runs the stage's episodes (tasks x G) standalone and writes trajectories.jsonl + summary.json in DIR
+(a start that fails before any trajectory leaves DIR as it found it, so the same command can be rerun).
 The engine is, in order: `--policy gold` (the scripted test fake that applies each task's gold patch);
 `--engine-url` servers already running; the engines of `--rendezvous FILE` (default cfg.cluster.rendezvous,
 the rendezvous.json of a Slurm job, see launch/rendezvous.py); cfg.engine.backend=transformers (in-process,
@@ -13,12 +14,13 @@ servers and a dead server is taken out of rotation (rollout/routing.py). Grading
 from __future__ import annotations
 
 import argparse
-import json
+import shutil
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 from swe_megatron.agent.tokens import ChatFormat
+from swe_megatron.atomic_write import write_json_atomic
 from swe_megatron.config.load import load_config
 from swe_megatron.config.schema import EngineBackend
 from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
@@ -39,15 +41,41 @@ def _rollout(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, [*args.overrides, *concurrency])  # read-only from here on
     rv_file = args.rendezvous or cfg.cluster.rendezvous
     rv = rendezvous.load(rv_file) if rv_file else None
-    stage = getattr(cfg, args.stage)
     tasks = load_tasks_for_command(args.tasks, args.max_tasks)
     out = output_folder(args.out)
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    args.kept = lambda: f"trajectories finished so far: {out / 'trajectories.jsonl'}; rerun into a new --out"
+    trajectories = out / "trajectories.jsonl"
+    args.kept = lambda: (
+        f"trajectories finished so far: {trajectories}; rerun into a new --out"
+        if _written(trajectories)
+        else f"no trajectory was written and {out} is left as it was; rerun the same command"
+    )
     library_warnings_to(out / "library-warnings.log")
+    try:
+        stats = _run(cfg, args, rv, tasks, out)
+    except BaseException:
+        if not _written(trajectories):  # a failed start: nothing to keep, and a rerun must not be refused
+            _clear(out, made)
+        raise
+    summary = stats.summary()
+    write_json_atomic(out / "summary.json", summary, indent=2)
+    samples = args.samples or getattr(cfg, args.stage).samples_per_task
+    print(
+        f"rollout: {summary['episodes']} episode(s) ({len(tasks)} task(s) x {samples}) in {summary['wall_s']:.0f} s: "
+        f"resolved {summary['resolved']}, infrastructure failures {summary['infra_failures']}, "
+        f"timeouts {summary['timeouts']}; trajectories: {trajectories} (read one: swe-megatron show-trajectory "
+        f"{trajectories}), summary: {out / 'summary.json'}"
+    )
+    return 0
+
+
+def _run(cfg, args: argparse.Namespace, rv, tasks, out: Path):
+    """The episodes of the command: engine and sandboxes up, tasks x G rolled out into out, all stopped; the stats."""
     # lazy, after the checks: torch, transformers (rollout.setup); the CLI imports every command module at start
     from swe_megatron.rollout.setup import Rollouts
 
+    stage = getattr(cfg, args.stage)
     with ExitStack() as stack:
         sandboxes = None
         if rv is not None and rv.sandbox_servers:
@@ -58,10 +86,24 @@ def _rollout(args: argparse.Namespace) -> int:
         rollouts = Rollouts(cfg, engine, sandboxes, chat)
         limits = rollouts.limits(stage)
         _, stats = rollouts.run(tasks, args.samples or stage.samples_per_task, limits, out)
-    summary = stats.summary()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
-    return 0
+    return stats
+
+
+def _written(trajectories: Path) -> bool:
+    """Whether at least one trajectory reached the file (the rollout then ran; its output is kept)."""
+    return trajectories.is_file() and trajectories.stat().st_size > 0
+
+
+def _clear(out: Path, made: bool) -> None:
+    """Undo a failed start in out, which was new (`made`: removed) or empty (emptied)."""
+    if made:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for child in out.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _engine(cfg, args, tasks, out: Path, stack, chat, rendezvous_engines=()):

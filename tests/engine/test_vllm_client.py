@@ -313,10 +313,11 @@ def test_a_port_answered_by_another_runs_server_is_not_taken_for_ours(tmp_path, 
     ours = vllm_server.VllmServer(str(tmp_path / "model"), port, EngineConfig(), tmp_path / "work")
     ours.start()
     try:
-        with pytest.raises(EngineError, match=r"another .*server.*/runs/other/engines/engine0/model"):
+        with pytest.raises(EngineError, match=r"another .*server.*/runs/other/engines/engine0/model") as e:
             ours.wait_healthy(timeout_s=20)
     finally:
         ours.stop(grace_s=1)
+    assert not str(e.value).rstrip().endswith(":"), e.value  # ours, still loading, has logged nothing yet
     mine = Stub(root=str(tmp_path / "model"))  # a server started from our folder is ours
     ours = vllm_server.VllmServer(str(tmp_path / "model"), int(mine.url.rsplit(":", 1)[1]), EngineConfig(),
                                   tmp_path / "work")  # fmt: skip

@@ -184,6 +184,9 @@ def test_rollout_command_with_gold_policy(tmp_path, capsys):
         ]
     )
     assert rc == 0
+    said = capsys.readouterr().out  # one line naming the files, not the summary's JSON
+    assert said.startswith("rollout: 2 episode(s) (1 task(s) x 2) in ") and said.count("\n") == 1, said
+    assert "resolved 2" in said and f"trajectories: {out / 'trajectories.jsonl'}" in said, said
     summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == 2 and summary["resolved"] == 2 and summary["infra_failures"] == 0
     assert main(["show-trajectory", str(out / "trajectories.jsonl"), "--index", "-1"]) == 0
