@@ -275,3 +275,35 @@ def test_eval_in_the_image_through_the_sandbox_server(images, tmp_path):
     assert "| scripted | 20.0 +- 20.00 | 100.0 |" in text, text
     preds = [json.loads(x) for x in (out / "predictions-run0.jsonl").read_text().splitlines()]
     assert preds[0]["instance_id"] == task.instance_id and "+" in preds[0]["model_patch"]
+
+
+def test_a_short_run_on_image_rows(images, tmp_path):
+    """`swe-megatron run` on image rows (a tiny schedule: warm start, one RFT iteration, eval), its sandbox server
+    on the apptainer backend (stand-in): trains on the SWE-bench row and evaluates on the SWE-rebench row. The warm
+    start's scripted gold solution, played through the agent's commands in the image, resolves and its give-up
+    does not; no episode of any unit is an infrastructure failure (the tiny model's own episodes included)."""
+    import sys
+
+    tasks, cfg, _ = images
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "swe_megatron.cli", "run", "embedded", f"run_dir={run_dir}",
+           f"tasks.train_file={tasks['swebench'][1]}", f"tasks.test_file={tasks['swe-rebench'][1]}",
+           "schedule=[rft,eval]", "rft.warm_start_epochs=1", "rft.iterations=1", "rft.tasks_per_iteration=1",
+           "rft.samples_per_task=1", "rft.t_max=3", "rft.l_thr=2", "eval.runs=1", "eval.k=[1]", "eval.t_max=3",
+           "sampling.max_tokens_per_turn=96", "engine.port=0", "monitor.progress=false",
+           "sandbox.backend=apptainer", f"sandbox.sif_dir={cfg.sif_dir}",
+           f"sandbox.workspace_root={cfg.workspace_root}"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{FAKE}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                          timeout=1200)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["done"] == ["init", "rft:warm_start", "rft:0", "eval"], state
+    warm = json.loads((run_dir / "units" / "rft-warm_start" / "metrics.json").read_text())
+    assert warm["warm_start"]["scripted_resolved"] == 1.0 and warm["warm_start"]["decoys_resolved"] == 0.0, warm
+    for unit in ("rft-warm_start", "rft-0"):
+        trajs = [json.loads(x) for x in (run_dir / "units" / unit / "trajectories.jsonl").read_text().splitlines()]
+        assert trajs and all(t["infra_failure"] is None for t in trajs), (unit, trajs)
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert report["tasks"] == report["tasks_scored"] == 1 and report["tasks_left_out_infra"] == 0, report
