@@ -141,16 +141,18 @@ def _common(task) -> dict:
     }
 
 
-def swebench_row(task) -> dict:
-    """The task as a SWE-bench 5.x row (Verified's columns)."""
+def swebench_row(task, test_cmd: str = "", log_parser: str = "parse_log_pytest") -> dict:
+    """The task as a SWE-bench 5.x row (Verified's columns); test_cmd (default: pytest on the task's test files)
+    and log_parser as swebench's spec for its repository gives them."""
+    test_cmd = test_cmd or f"{PYTEST_CMD} {' '.join(_test_files(task))}"
     return {
         **_common(task),
         "FAIL_TO_PASS": json.dumps(task.FAIL_TO_PASS),
         "PASS_TO_PASS": json.dumps(task.PASS_TO_PASS),
         "difficulty": "<15 min fix",
         "image": image_name(task, "swebench") + ":latest",
-        "eval_script": swebench_eval_script(task, f"{PYTEST_CMD} {' '.join(_test_files(task))}"),
-        "log_parser": "parse_log_pytest",
+        "eval_script": swebench_eval_script(task, test_cmd),
+        "log_parser": log_parser,
         "eval_type": "pass_and_fail",
     }
 
