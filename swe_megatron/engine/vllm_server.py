@@ -23,7 +23,7 @@ from pathlib import Path
 from swe_megatron.config.schema import EngineConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
 from swe_megatron.engine.weight_receiver import WORKER_EXTENSION
-from swe_megatron.model.hf_config import hf_config_dict
+from swe_megatron.model.hf_config import hf_config_dict, special_token_ids
 from swe_megatron.model.hub import resolve_model_path
 from swe_megatron.model.tiny import save_tiny_checkpoint
 from swe_megatron.net import server_port, wait_healthy
@@ -78,7 +78,7 @@ def engine_model_dir(model: ModelConfig, out: Path, src: str | Path | None = Non
     for f in src.iterdir():
         if f.name != "config.json":
             (tmp / f.name).symlink_to(f.resolve())
-    (tmp / "config.json").write_text(json.dumps(hf_config_dict(model), indent=2))
+    (tmp / "config.json").write_text(json.dumps(hf_config_dict(model, special_token_ids(src)), indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -6,6 +6,9 @@ The trainer (train/) and the engines (engine/) both read these; neither imports 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import transformers
 from transformers import AutoConfig
 
@@ -16,8 +19,24 @@ from swe_megatron.model.hub import resolve_model_path
 _HF_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
-def hf_config_dict(cfg: ModelConfig) -> dict:
-    """The config.json of `cfg` as a transformers Qwen2/Llama config (what every engine starts from)."""
+def special_token_ids(folder: str | Path) -> dict:
+    """{"bos_token_id", "eos_token_id"} of the tokenizer saved in `folder`: from its generation_config.json (which
+    model/tokenizer.save_tokenizer writes from the tokenizer itself), else from its config.json; a tokenizer
+    without a BOS token (Qwen2.5's) gives None for it. {} when the folder holds neither file with an eos id."""
+    for name in ("generation_config.json", "config.json"):
+        try:
+            found = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict) and found.get("eos_token_id") is not None:
+            return {key: found.get(key) for key in ("bos_token_id", "eos_token_id")}
+    return {}
+
+
+def hf_config_dict(cfg: ModelConfig, token_ids: dict | None = None) -> dict:
+    """The config.json of `cfg` as a transformers Qwen2/Llama config (what every engine starts from), written as
+    transformers itself writes one (`dtype`, not the deprecated `torch_dtype`); token_ids: the tokenizer's
+    `special_token_ids`, so that config.json and tokenizer agree on BOS and EOS."""
     qwen = cfg.architecture == "qwen2"
     out = {
         "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
@@ -34,11 +53,12 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
         "rms_norm_eps": cfg.rms_norm_eps,
         "hidden_act": "silu",
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        "torch_dtype": _HF_DTYPE[cfg.params_dtype],
+        "dtype": _HF_DTYPE[cfg.params_dtype],
         "use_cache": True,
         # As the hub's config.json has it; without it transformers 5 takes the tokenizer next to it for an old
         # Mistral one and warns that its regex is wrong (in every engine log).
         "transformers_version": transformers.__version__,
+        **(token_ids or {}),
     }
     if not qwen:
         out["attention_bias"] = cfg.qkv_bias

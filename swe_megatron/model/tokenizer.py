@@ -147,7 +147,7 @@ def save_tokenizer(name: str, out_dir: str | Path) -> Path:
 
     The tokenizer_config.json names a class transformers 4.x and 5.x both load (`PORTABLE_TOKENIZER_CLASS` for
     transformers 5's generic backend; a model's own class name is kept, 4.x then picks its fast variant) and
-    holds the chat template too (older 4.x releases read it only there). generation_config.json gives the
+    holds the chat template, once (older 4.x releases read it only there). generation_config.json gives the
     tokenizer's special ids and untruncated sampling (temperature 1, no top-k/top-p), as the trainer samples.
     """
     from transformers import GenerationConfig
@@ -155,13 +155,13 @@ def save_tokenizer(name: str, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(name)
-    tok.save_pretrained(str(out))
+    # The chat template once, in tokenizer_config.json (transformers' legacy place, which 4.x and 5.x both read),
+    # not also in chat_template.jinja (5.x's default; older 4.x releases do not read it).
+    tok.save_pretrained(str(out), save_jinja_files=False)
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     if cfg.get("tokenizer_class") in (None, "TokenizersBackend"):
         cfg["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
-    if tok.chat_template and "chat_template" not in cfg:
-        cfg["chat_template"] = tok.chat_template
     write_atomic(cfg_path, json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
     gen = GenerationConfig(
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,

@@ -4,7 +4,8 @@ Sharded and streamed: in one model replica, each pipeline stage's TP-rank-0 proc
 (TP-gathered) tensors of its own layers one parameter at a time and writes them into files of at most
 `max_shard_bytes` as they come; no rank ever holds the whole model, the writers one shard at most.
 Atomic: everything is written into `<out>.tmp`, global rank 0 names the shards as the hub does
-(`model-0000K-of-0000N.safetensors`, mode 0644), adds `model.safetensors.index.json` and `config.json`,
+(`model.safetensors`, or `model-0000K-of-0000N.safetensors` and `model.safetensors.index.json`; mode 0644), adds
+`config.json`,
 then swaps the folder into place with renames, so a reader sees the old export or the new one, never a
 half-written one.
 """
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from swe_megatron.config.schema import ModelConfig
-from swe_megatron.model.hf_config import hf_config_dict
+from swe_megatron.model.hf_config import hf_config_dict, special_token_ids
 from swe_megatron.train.hf_convert import iter_hf_of_stage
 
 
@@ -76,26 +77,28 @@ def _named_for_export(tensors, cfg: ModelConfig, name_tied_lm_head: bool):
 
 
 def hub_shard_names(files: list[str]) -> dict[str, str]:
-    """The stage writers' file names -> the hub's `model-0000K-of-0000N.safetensors`, in stage order."""
+    """The stage writers' file names -> the hub's, in stage order: `model.safetensors` for a single file (as
+    transformers' save_pretrained names it), else `model-0000K-of-0000N.safetensors`."""
     files = sorted(set(files))  # model-stageSSS-IIIII: pipeline stage, then the stage's own order
+    if len(files) == 1:
+        return {files[0]: "model.safetensors"}
     return {f: f"model-{k:05d}-of-{len(files):05d}.safetensors" for k, f in enumerate(files, 1)}
 
 
 def _finish_folder(tmp: Path, out: Path, cfg: ModelConfig, weight_map: dict, total: int, extra_files) -> None:
-    """Rank 0: name the shards as the hub does, write the index, config.json and extra_files into `tmp`, then
-    put `tmp` in place of `out`."""
+    """Rank 0: name the shards as the hub does, write the index (several shards only), extra_files and config.json
+    (with the BOS/EOS ids of the tokenizer among extra_files) into `tmp`, then put `tmp` in place of `out`."""
     names = hub_shard_names(list(weight_map.values()))
     for old, new in names.items():
         (tmp / old).rename(tmp / new)
-        os.chmod(
-            tmp / new, 0o644
-        )  # safetensors writes 0600; the hub's files (and engines on other users) read
+        os.chmod(tmp / new, 0o644)  # safetensors writes 0600; engines on other users read the hub's files
     weight_map = {k: names[v] for k, v in weight_map.items()}
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (tmp / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2))
+    if len(names) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     for f in extra_files:
         shutil.copy(f, tmp / Path(f).name)
+    (tmp / "config.json").write_text(json.dumps(hf_config_dict(cfg, special_token_ids(tmp)), indent=2))
     old = out.with_name(out.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if out.exists():

@@ -105,7 +105,7 @@ def test_engine_folder_has_the_trainers_config_not_the_base_models(tmp_path):
     base = save_tiny_checkpoint(TINY, tmp_path / "base")  # a base model: no rope scaling, 32768 positions
     served = engine_model_dir(YARN, tmp_path / "engine", base)
     config = json.loads((served / "config.json").read_text())
-    assert config == hf_config_dict(YARN)
+    assert config == hf_config_dict(YARN, {"bos_token_id": None, "eos_token_id": 151645})  # tokenizer's ids
     assert config["max_position_embeddings"] == 4 * 32768 and config["rope_scaling"]["type"] == "yarn"
     assert (
         json.loads((base / "config.json").read_text()).get("rope_scaling") is None

@@ -30,9 +30,20 @@ def test_export_loads_in_transformers_with_equal_logits(megatron_world, tmp_path
     trainer.update(batch(4), 1, LossSpec("sft"))  # export trained weights, not the ones we loaded
     out = tmp_path / "hf"
     (out / "stale").mkdir(parents=True)  # an older export is replaced as a whole
-    report = trainer.export(str(out))
+    from swe_megatron.model.tokenizer import save_tokenizer
+
+    tok = save_tokenizer("qwen2.5", tmp_path / "tok")
+    report = trainer.export(str(out), extra_files=sorted(p for p in tok.iterdir() if p.is_file()))
     print(f"export: {report.files} file(s), {report.bytes} bytes in {report.seconds * 1e3:.1f} ms")
     assert not (out / "stale").exists() and not (tmp_path / "hf.tmp").exists()
+    # One shard is named as save_pretrained names it, with no index; config.json as transformers 5 writes it
+    # (`dtype`), with the tokenizer's EOS (Qwen2.5's tokenizer has no BOS token); the chat template stored once.
+    assert sorted(p.name for p in out.iterdir() if "safetensors" in p.name) == ["model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "float32" and "torch_dtype" not in config
+    assert config["eos_token_id"] == 151645 and "bos_token_id" in config and config["bos_token_id"] is None
+    assert not (out / "chat_template.jinja").exists()
+    assert "<|im_start|>" in json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
 
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
