@@ -2,11 +2,24 @@
 
 from swe_megatron.monitor.tensorboard import (
     KEY_CURVES,
+    KEY_GROUP,
     Monitor,
     NullMonitor,
+    fenced,
     key_curves,
     key_layout,
     read_scalars,
+    sample_text,
 )
 
-__all__ = ["KEY_CURVES", "Monitor", "NullMonitor", "key_curves", "key_layout", "read_scalars"]
+__all__ = [
+    "KEY_CURVES",
+    "KEY_GROUP",
+    "Monitor",
+    "NullMonitor",
+    "fenced",
+    "key_curves",
+    "key_layout",
+    "read_scalars",
+    "sample_text",
+]

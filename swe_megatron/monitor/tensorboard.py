@@ -3,13 +3,15 @@
 `Monitor` writes event files under `<run_dir>/tensorboard/<config name>` (TensorBoard names the run after the
 config); `NullMonitor` has the same methods and does nothing (non-zero ranks, tests), so the driver loop never
 branches on whether it logs. `key_curves` are the few curves a run is judged by, logged per stage as
-`key/<stage>/<curve>` and pinned by `key_layout` in TensorBoard's Custom Scalars tab (one line per stage, so
-where a stage begins shows).
+`0_key/<stage>/<curve>` (first in the Scalars and Time Series tabs) and pinned by `key_layout` in TensorBoard's
+Custom Scalars tab (one line per stage, so where a stage begins shows). Text (sample trajectories, the run's
+config) is markdown, its code blocks fenced by `fenced` so that code fences inside cannot end them early.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +32,25 @@ KEY_CURVES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """Curve -> (chart title, the group/name tags it is read from, first present wins)."""
 
+KEY_GROUP = "0_key"
+"""The key curves' tag group (`0_key/<stage>/<curve>`). TensorBoard's Scalars and Time Series tabs sort groups by
+name, and every other group is a lowercase word: the leading digit puts the key curves first, not in the middle."""
+
+
+def fenced(text: str, info: str = "") -> str:
+    """`text` as one markdown code block whose fence is longer than any run of backticks in it, so that a code
+    fence inside (an agent's ```bash block) neither ends the block nor opens another (CommonMark, and the
+    Python-Markdown fenced_code that TensorBoard renders with, close a block only with its own fence)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
+def sample_text(unit: str, rendered: str) -> str:
+    """The TensorBoard text of one sample trajectory of `unit` (rendered by rollout.command.render_trajectory,
+    cut to 20,000 characters): the unit, then the trajectory verbatim in a code block."""
+    return f"{unit}\n\n{fenced(rendered[:20000])}"
+
 
 def key_curves(metrics: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """The KEY_CURVES values present in one unit's metrics ({group: {name: value}})."""
@@ -45,10 +66,10 @@ def key_curves(metrics: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 
 def key_layout(stages: list[str], async_on: bool) -> dict:
     """The Custom Scalars layout (SummaryWriter.add_custom_scalars) pinning KEY_CURVES: one chart per curve,
-    one line per stage (`key/<stage>/<curve>`, stages in schedule order), staleness only when async is on."""
+    one line per stage (`0_key/<stage>/<curve>`, stages in schedule order), staleness only when async is on."""
     names = "|".join(stages)
     charts = {
-        title: ["Multiline", [f"^key/({names})/{curve}$"]]
+        title: ["Multiline", [f"^{KEY_GROUP}/({names})/{curve}$"]]
         for curve, (title, _) in KEY_CURVES.items()
         if curve != "staleness_mean" or async_on
     }

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from swe_megatron.atomic_write import write_atomic, write_json_atomic
 from swe_megatron.config.load import resolve_paths
 from swe_megatron.errors import UsageError
-from swe_megatron.monitor import Monitor, NullMonitor, key_layout
+from swe_megatron.monitor import Monitor, NullMonitor, fenced, key_layout
 
 if TYPE_CHECKING:  # algo imports torch: `swe-megatron status` reads a run folder without it
     from swe_megatron.algo import TaskPool
@@ -262,7 +262,8 @@ def open_monitor(run: RunDir, cfg):
 
 def _tensorboard(run: RunDir, cfg) -> Monitor:
     """TensorBoard, writing into RUN/tensorboard/<cfg.name> (the run TensorBoard lists) with the key curves pinned
-    (monitor.key_layout); events at or after the first uncommitted step are purged on resume."""
+    (monitor.key_layout) and, on a fresh run, its config as text (`config`, step 0); events at or after the first
+    uncommitted step are purged on resume."""
     log_dir = run.tensorboard / cfg.name
     monitor = Monitor(log_dir, progress=cfg.monitor.progress)
     if run.step:
@@ -275,4 +276,6 @@ def _tensorboard(run: RunDir, cfg) -> Monitor:
         s for s in cfg.schedule if s != "eval"
     ]
     monitor.layout(key_layout(stages, cfg.algo.max_staleness >= 1))
+    if not run.step:  # a resume keeps the fresh run's (its config is checked to be the same)
+        monitor.text("config", fenced(OmegaConf.to_yaml(cfg, resolve=True), "yaml"), 0)
     return monitor

@@ -38,7 +38,7 @@ from swe_megatron.algo.staleness import split_stale, staleness, staleness_metric
 from swe_megatron.config.schema import LrSchedule, RunConfig
 from swe_megatron.engine.gate import VersionGate
 from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
-from swe_megatron.monitor import Monitor, key_curves
+from swe_megatron.monitor import KEY_GROUP, Monitor, key_curves, sample_text
 from swe_megatron.monitor.console import UnitClock
 from swe_megatron.pipeline.ahead import Ahead
 from swe_megatron.pipeline.eval import evaluate, model_name
@@ -254,21 +254,21 @@ def warm_start_sft(trainer: Trainer, stage, samples: list[TrainSample], seed: in
 
 
 def _log(ctx: Context, unit: str, trajs, metrics: dict[str, dict], unit_dir: Path) -> None:
-    """The unit's metrics to TensorBoard (async/* only when async is on; the key curves again under key/<stage>/;
+    """The unit's metrics to TensorBoard (async/* only when async is on; the key curves again under 0_key/<stage>/;
     a text marker where a stage begins), sample trajectories as text, and to the unit's metrics.json."""
     step, (stage, it) = ctx.run.step, unit.split(":")
     stage = "warm_start" if it == "warm_start" else stage
     shown = {g: v for g, v in metrics.items() if g != "async" or ctx.cfg.algo.max_staleness >= 1}
     for group, values in shown.items():
         ctx.monitor.scalars(group, values, step)
-    ctx.monitor.scalars(f"key/{stage}", key_curves(shown), step)
+    ctx.monitor.scalars(f"{KEY_GROUP}/{stage}", key_curves(shown), step)
     if it in ("0", "warm_start"):
         ctx.monitor.text("stages", f"**{stage}** begins at iteration {step} (unit {unit})", step)
     ctx.monitor.histogram("episode/steps_hist", [t.num_steps for t in trajs], step)
     ctx.monitor.histogram("episode/tokens_hist", [len(t.token_ids) for t in trajs], step)
     picks = sorted(trajs, key=lambda t: (not t.resolved, t.task_id, t.sample_index))
     for i, t in enumerate(picks[: ctx.cfg.monitor.sample_trajectories]):
-        ctx.monitor.text(f"samples/{i}", f"{unit}\n\n```\n{render_trajectory(t)[:20000]}\n```", step)
+        ctx.monitor.text(f"samples/{i}", sample_text(unit, render_trajectory(t)), step)
     ctx.monitor.flush()
     (unit_dir / "metrics.json").write_text(json.dumps(metrics, indent=1, default=float))
 

@@ -79,7 +79,7 @@ def test_key_curves_per_stage_and_their_custom_scalars_layout(tmp_path):
         layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
         (category,) = layout.category
         charts = {c.title: list(c.multiline.tag) for c in category.chart}
-        assert charts["resolved rate"] == ["^key/(warm_start|rft|stage1|stage2)/resolved_rate$"]
+        assert charts["resolved rate"] == ["^0_key/(warm_start|rft|stage1|stage2)/resolved_rate$"]
         assert any("loss" in t for t in charts) and ("staleness_mean" in str(charts)) == async_on
 
 
@@ -93,6 +93,50 @@ def test_readme_lists_every_key_curve_and_each_of_its_tags_once():
     patterns = readme_tag_patterns()
     assert len(patterns) == len(set(patterns)), "a tag listed twice"
     for curve, (_, sources) in KEY_CURVES.items():
-        assert f"key/<stage>/{curve}" in patterns
+        assert f"0_key/<stage>/{curve}" in patterns
         assert all(any(matches(tag, p) for p in patterns) for tag in sources), sources
     assert not any(matches("train/loss", p) for p in patterns if "*" not in p)
+
+
+def test_the_key_curves_sort_before_every_other_group():
+    """TensorBoard's Scalars and Time Series tabs sort tag groups by name: the key curves' group comes before
+    every group README lists (all that a run writes), by code point and case-blind alike."""
+    from readme_tags import readme_tag_patterns
+
+    from swe_megatron.monitor import KEY_GROUP
+
+    groups = {p.split("/")[0] for p in readme_tag_patterns()}
+    assert KEY_GROUP in groups and len(groups) > 10
+    assert sorted(groups)[0] == KEY_GROUP and sorted(groups, key=str.lower)[0] == KEY_GROUP
+
+
+def test_a_sample_holding_code_fences_renders_as_one_code_block():
+    """An agent's turn holds ```bash blocks: the sample's text must stay one code block as TensorBoard renders
+    it (its own markdown), not end at the first inner fence and render the rest as markdown."""
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    from swe_megatron.monitor import sample_text
+
+    rendered = "── assistant [turn 0] ──\nLook:\n```bash\ncat a.py\n```\n# not a heading\n````\n**not bold**"
+    html = markdown_to_safe_html(sample_text("stage1:3", rendered))
+    assert html.count("<pre>") == 1 and "<h1>" not in html and "<strong>" not in html, html
+    assert "```bash" in html and "**not bold**" in html and "stage1:3" in html.split("<pre>")[0], html
+
+
+def test_a_fresh_run_logs_its_config_as_text(tmp_path):
+    """The resolved config, as YAML in one code block at step 0, under the `config` text tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from swe_megatron.config.load import load_config
+    from swe_megatron.pipeline.run_dir import RunDir, open_monitor
+
+    cfg = load_config("embedded", [f"run_dir={tmp_path / 'run'}", "monitor.progress=false"])
+    monitor = open_monitor(RunDir(tmp_path / "run"), cfg)
+    monitor.close()
+    (events,) = (tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events), size_guidance={"tensors": 0})
+    acc.Reload()
+    ((step, text),) = [
+        (e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors("config/text_summary")
+    ]
+    assert step == 0 and text.startswith("```yaml\n") and f"run_dir: {tmp_path / 'run'}" in text, text

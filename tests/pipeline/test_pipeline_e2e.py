@@ -165,7 +165,7 @@ def test_run_kill_resume_and_tensorboard(tmp_path):
     # rft:0 (step 1) trains only when a sampled episode was resolved
     assert {0} <= {s for s, _ in scalars["train/sft_loss"]} <= {0, 1}
     assert {s for s, _ in scalars["train/dapo_loss"]} == {2, 3, 4}
-    assert {s for s, _ in scalars["key/stage1/resolved_rate"]} == {2, 3}
+    assert {s for s, _ in scalars["0_key/stage1/resolved_rate"]} == {2, 3}
     unlisted, unwritten = compare(set(scalars))
     assert unlisted == [], f"tags written that README.md does not list: {unlisted}"
     assert set(unwritten) <= OFF_POLICY_ONLY, f"README.md lists tags the run did not write: {unwritten}"
