@@ -137,6 +137,24 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError("invalid: " + "; ".join(bad))
 
 
+def _presets_layout(args: argparse.Namespace, cfg, layouts) -> tuple:
+    """(the row of the run preset's own parallel layout among `layouts` or None, a line saying whether it fits);
+    (None, "") without a run preset or when --model plans another model."""
+    if cfg is None or args.model != args.preset:
+        return None, ""
+    p = cfg.parallel
+    tp, pp, cp = p.tensor_parallel, p.pipeline_parallel, p.context_parallel
+    line = f"the preset's layout ({args.preset}: TP {tp}, PP {pp}, CP {cp}, DP {p.world_size // (tp * pp * cp)} on "
+    line += f"{p.world_size} GPUs): "
+    if args.gpus != p.world_size:
+        return None, line + f"is not one of these ({args.gpus} GPUs, --gpus)"
+    own = next((x for x in layouts if (x.tp, x.pp, x.cp) == (tp, pp, cp)), None)
+    if own is None:
+        return None, line + "is not one of these (not a valid layout of this model on these GPUs)"
+    fits = "fits" if own.fits else f"does NOT fit (over {own.budget:.0f} GiB)"
+    return own, line + f"{own.total:.1f} GiB per GPU, {fits} (marked in the table)"
+
+
 def _plan(args: argparse.Namespace) -> int:
     cfg = _from_preset(args)
     _check_numbers(args)
@@ -167,7 +185,12 @@ def _plan(args: argparse.Namespace) -> int:
         f"loaded GPU; {len(fitting)} of {len(layouts)} layouts fit"
     )
     shown = layouts if args.all else layouts[: args.top]
-    print(format_table(shown) if shown else "no valid layout (check heads/layers/GPU count)")
+    own, own_line = _presets_layout(args, cfg, layouts)
+    if own is not None and own not in shown:
+        shown = [*shown, own]  # below the top rows, but the layout the preset runs with is always shown
+    print(format_table(shown, marked=own) if shown else "no valid layout (check heads/layers/GPU count)")
+    if own_line:
+        print(own_line)
     if fitting:
         best = fitting[0]
         print(

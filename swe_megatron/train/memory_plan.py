@@ -268,8 +268,8 @@ def plan_layouts(
     return sorted(layouts, key=lambda x: (not x.fits, x.model_parallel, x.pp, x.cp, -x.tp))
 
 
-def format_table(layouts: list[Layout]) -> str:
-    """The layouts as an aligned text table, GiB per GPU."""
+def format_table(layouts: list[Layout], marked: Layout | None = None) -> str:
+    """The layouts as an aligned text table, GiB per GPU; the `marked` row (a run preset's own) ends in a mark."""
     head = (
         f"{'TP':>3} {'PP':>3} {'CP':>3} {'DP':>3} {'params/GPU':>10} {'weights':>8} {'grads':>7} "
         f"{'optim':>7} {'optim(no DO)':>12} {'activ':>7} {'sync':>5} {'other':>6} {'total':>7}  fits"
@@ -281,6 +281,7 @@ def format_table(layouts: list[Layout]) -> str:
             f"{x.optimizer:>7.1f} {x.optimizer_unsharded:>12.1f} {x.activations:>7.1f} {x.sync:>5.1f} "
             f"{x.overhead:>6.1f} "
             f"{x.total:>7.1f}  {'yes' if x.fits else 'NO (over ' + format(x.budget, '.0f') + ' GiB)'}"
+            + ("  <- the preset's" if x is marked else "")
         )
     return "\n".join(rows)
 

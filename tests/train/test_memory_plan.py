@@ -195,3 +195,18 @@ def test_plan_states_the_checkpoint_size_write_time_and_the_paper_presets_live_f
     assert (
         f"keep_last {keep} holds {live:.2f} TB live" in text and f"{unit:.2f} TB, ~{unit * 100:.0f} s" in text
     )
+
+
+def test_plan_of_a_run_preset_shows_and_marks_the_presets_own_layout(capsys):
+    """paper-7b's own layout (TP 4, PP 1, CP 4 on 16 GPUs) ranks below the top rows: it is shown anyway, marked,
+    and a line says whether it fits; a layout given with --gpus that the preset's does not match says so."""
+    from swe_megatron.cli import main
+
+    assert main(["plan", "paper-7b"]) == 0
+    out = capsys.readouterr().out
+    marked = [line for line in out.splitlines() if line.endswith("<- the preset's")]
+    assert len(marked) == 1 and marked[0].split()[:4] == ["4", "1", "4", "1"], out
+    assert "the preset's layout (paper-7b: TP 4, PP 1, CP 4, DP 1 on 16 GPUs): " in out, out
+    assert main(["plan", "paper-7b", "--gpus", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "<- the preset's" not in out and "the preset's layout" in out and "is not one of these" in out, out
