@@ -40,6 +40,9 @@ OPTIONAL_TEXT = (
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Task) if f.init)
 """The fields a tasks file holds (the plan is made again when it is read)."""
+SWEBENCH_5X_FIELDS = ("image", "eval_script", "log_parser", "eval_type")
+"""SWE-bench 5.x's grading columns (swebench 5.0.2 make_test_spec): kept in Task.extra when read, written as
+top-level columns (as SWE-bench publishes them) by write_tasks."""
 
 
 class TaskFormatError(ValueError):
@@ -174,8 +177,15 @@ def load_tasks_for_command(
 
 
 def write_tasks(tasks: list[Task], path: str | os.PathLike) -> None:
-    """Write tasks as JSONL (FAIL_TO_PASS/PASS_TO_PASS as lists), atomically (temp file, then rename)."""
-    rows = ({f: getattr(t, f) for f in ROW_FIELDS} for t in tasks)
+    """Write tasks as JSONL (FAIL_TO_PASS/PASS_TO_PASS as lists), atomically (temp file, then rename); SWE-bench
+    5.x's grading columns (SWEBENCH_5X_FIELDS) top-level, the rest of extra under `extra`."""
+
+    def row(t: Task) -> dict:
+        top = {k: t.extra[k] for k in SWEBENCH_5X_FIELDS if k in t.extra}
+        extra = {k: v for k, v in t.extra.items() if k not in top}
+        return {**{f: getattr(t, f) for f in ROW_FIELDS}, "extra": extra, **top}
+
+    rows = (row(t) for t in tasks)
     write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 

@@ -17,15 +17,21 @@ grader, the rollouts and `build-sifs` read the plan. Three kinds of row, told ap
                own test-file reset, test-patch heredoc and informational git commands are dropped because
                the grader does those itself (grading/eval_script.py). The files its reset names are the
                test files.
+               This project's rows (`swe-megatron make-tasks`) are SWE-bench 5.x rows as well: the same
+               `eval_script` (written by `make_eval_script`, in swebench's shape, without activation lines),
+               `log_parser`, `eval_type`, graded by the same function; what they add in place of an `image` is
+               where the task is on the host: `extra.repo_dir` (the repository) and `extra.env_dir` (its
+               environment, mounted by the bwrap/local backends); optionally `extra.harness_record: false`.
   swe-rebench  nebius/SWE-rebench: `docker_image` and `install_config` (`test_cmd`, `log_parser`, optional
                `install`, `eval_commands`), run as the SWE-rebench fork of SWE-bench's harness does
                (`swebench/harness/test_spec/python.py` `make_eval_script_list_py` and `harness/utils.py`
                `_clean_install_config` there): conda env `testbed`, the repository at /testbed, install and
                `test_cmd` under LANG=C.UTF-8, the test command followed by the test files the test patch
                adds or changes (swebench's NON_TEST_EXTS left out).
-  project      this project's rows (`swe-megatron make-tasks`): `extra.test_cmd` with a local repository
-               (`extra.repo_dir`, `extra.env_dir`) or a SIF (`extra.image`), optional `extra.test_files`,
-               `extra.log_parser`, `extra.eval_type`, `extra.harness_record`.
+  project      rows this project wrote before that (`extra.test_cmd`, optional `extra.test_files`,
+               `extra.log_parser`, `extra.eval_type`): read as the SWE-bench 5.x row they stand for (their eval
+               script written from those fields), then planned by the same function; an old data/tasks cache
+               keeps working.
 
 A row with only `version` (SWE-bench before 5.x) cannot be graded here: swebench 5.0.2 no longer ships the
 per-repository specs (MAP_REPO_VERSION_TO_SPECS) that turned a version into a test command.
@@ -154,7 +160,7 @@ def make_plan(task: Any) -> GradingPlan:
     elif extra.get("install_config"):
         plan = _rebench_plan(task, extra)
     elif "test_cmd" in extra or extra.get("repo_dir"):
-        plan = _project_plan(task, extra)
+        plan = _swebench_plan(task, _as_swebench_row(task, extra), source="project")
     else:
         raise PlanError(
             f"task {task.instance_id} has nothing to grade with: no eval_script (SWE-bench 5.x rows), "
@@ -179,24 +185,36 @@ def plan_of(task: Any) -> GradingPlan:
 # -- the three kinds of row -----------------------------------------------------------------------------
 
 
-def _swebench_plan(task: Any, extra: dict) -> GradingPlan:
+def _swebench_plan(task: Any, extra: dict, source: str = "swebench") -> GradingPlan:
+    """The plan of a SWE-bench 5.x row. This project's rows are SWE-bench 5.x rows too (make-tasks writes their
+    eval_script, log_parser and eval_type) with the task image replaced by two host paths, extra.repo_dir (the
+    repository) and extra.env_dir (its environment, which bwrap and the stand-in mount where the image would keep
+    it); extra.image may name a SIF file and extra.harness_record (false) turns the pytest record off."""
     where = f"task {task.instance_id}"
     script = _text_field(extra, "eval_script", where)
     setup, test_cmd, test_files = read_eval_script(script, task.base_commit, where)
     log_parser = _text_field(extra, "log_parser", where)
     if not log_parser:
         _missing(where, "log_parser", "SWE-bench 5.x rows")
+    repo_dir, env_dir = _host_path(extra, "repo_dir", where), _host_path(extra, "env_dir", where)
+    given = _text_field(extra, "image", where)
     image = task_image(task)
+    sif = sif_name(image) if image else (given if _is_sif_path(given) else "")
+    if not repo_dir and not sif:
+        raise PlanError(f"{where} has no extra.repo_dir (or image) to grade in")
     return GradingPlan(
-        source="swebench",
+        source=source,
         test_cmd=test_cmd,
         log_parser=log_parser,
         eval_type=_text_field(extra, "eval_type", where) or "pass_and_fail",
         image=image,
-        sif=sif_name(image),
+        sif=sif,
+        repo_dir=repo_dir,
+        env_dir=env_dir or None,
         env_setup=tuple(setup),
         activate=tuple(eval_script_activation(script)),
         test_files=tuple(test_files),
+        harness_record=extra.get("harness_record", True) is not False,
     )
 
 
@@ -234,32 +252,21 @@ def _rebench_plan(task: Any, extra: dict) -> GradingPlan:
     )
 
 
-def _project_plan(task: Any, extra: dict) -> GradingPlan:
+def _as_swebench_row(task: Any, extra: dict) -> dict:
+    """A row of this project written before make-tasks wrote SWE-bench 5.x fields (extra.test_cmd, optional
+    extra.test_files, extra.log_parser, extra.eval_type), as the SWE-bench 5.x row it stands for: its eval script
+    written from them (make_eval_script), so that one function (_swebench_plan) makes every such plan."""
     where = f"task {task.instance_id}"
     test_cmd = _text_field(extra, "test_cmd", where)
     if not test_cmd:
         raise PlanError(f"{where} has no extra.test_cmd")
-    repo_dir, env_dir = _host_path(extra, "repo_dir", where), _host_path(extra, "env_dir", where)
-    given = _text_field(extra, "image", where)
-    image = "" if not given or _is_sif_path(given) else normal_image(given)
-    sif = sif_name(image) if image else given
-    if not repo_dir and not sif:
+    if not extra.get("repo_dir") and not extra.get("image") and not task.docker_image:
         raise PlanError(f"{where} has extra.test_cmd but no extra.repo_dir (or extra.image) to grade in")
     files = extra.get("test_files") or []
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise PlanError(f"{where}: extra.test_files must be a list of paths")
-    return GradingPlan(
-        source="project",
-        test_cmd=test_cmd,
-        log_parser=_text_field(extra, "log_parser", where) or DEFAULT_LOG_PARSER,
-        eval_type=_text_field(extra, "eval_type", where) or "pass_and_fail",
-        image=image,
-        sif=sif,
-        repo_dir=repo_dir,
-        env_dir=env_dir or None,
-        test_files=tuple(files),
-        harness_record=extra.get("harness_record", True) is not False,
-    )
+    script = make_eval_script(task.base_commit, test_cmd, files, task.test_patch)
+    return {**extra, "eval_script": script, "log_parser": _text_field(extra, "log_parser", where) or DEFAULT_LOG_PARSER}
 
 
 # -- reading the rows' scripts --------------------------------------------------------------------------
@@ -272,6 +279,24 @@ _DROPPED = (
     re.compile(r"^git -c core\.fileMode=false diff\b"),
     re.compile(r"^git config --global --add safe\.directory\b"),
 )
+
+
+HEREDOC = "EOF_114329324912"
+"""The heredoc delimiter of swebench's eval scripts (harness/test_spec/python.py)."""
+
+
+def make_eval_script(
+    base_commit: str, test_cmd: str, test_files: list[str], test_patch: str, setup: tuple[str, ...] = ()
+) -> str:
+    """An eval script in the shape swebench's harness writes (make_eval_script_list_py): `setup` (the image's
+    activation; none for a task whose environment the sandbox mounts), the test files reset to the base commit, the
+    test patch applied from a heredoc, the test command between the ">>>>> Start/End Test Output" markers, the
+    reset again. read_eval_script reads back (setup, test_cmd, test_files)."""
+    start, end = _markers()
+    reset = [f"git checkout {base_commit} {' '.join(shlex.quote(f) for f in test_files)}"] if test_files else []
+    apply = [f"git apply -v - <<'{HEREDOC}'", test_patch.rstrip("\n"), HEREDOC] if test_patch.strip() else []
+    lines = ["#!/bin/bash", "set -uxo pipefail", *setup, *reset, *apply]
+    return "\n".join([*lines, f": '{start}'", test_cmd, f": '{end}'", *reset, ""])
 
 
 def read_eval_script(script: str, base_commit: str, where: str = "row") -> tuple[list[str], str, list[str]]:

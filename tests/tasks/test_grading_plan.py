@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,7 +21,7 @@ import pytest
 from swe_megatron.errors import UsageError
 from swe_megatron.grading.grader import TaskGradingError, task_grading
 from swe_megatron.tasks.load import load_tasks, load_tasks_for_command, write_tasks
-from swe_megatron.tasks.plan import read_eval_script, sif_name
+from swe_megatron.tasks.plan import make_eval_script, read_eval_script, sif_name
 
 DJANGO_BASE = "d26b2424437dabeeca94d7900b37d2df4410da0c"
 DJANGO_TEST_PATCH = """diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py
@@ -330,6 +331,41 @@ def test_read_eval_script_keeps_a_multi_line_test_command():
     )
     script += ": '>>>>> End Test Output'\nrm -rf /\n"
     assert read_eval_script(script, "abc") == (["source x"], "pytest -rA a.py\npytest -rA b.py", ["t.py"])
+
+
+def test_make_eval_script_reads_back():
+    """make_eval_script (make-tasks' eval scripts) writes what read_eval_script reads back; no test files or test
+    patch leaves no reset or apply line (a bare `git checkout BASE` would otherwise be kept as a setup line)."""
+    files = ["pkg/tests/test_a.py", "tests/odd name.py"]
+    script = make_eval_script("abc", "python -m pytest -rA x", files, DJANGO_TEST_PATCH, ("source y",))
+    assert read_eval_script(script, "abc") == (["source y"], "python -m pytest -rA x", files)
+    assert DJANGO_TEST_PATCH.strip() in script and script.count("git checkout abc") == 2
+    bare = make_eval_script("abc", "pytest", [], "")
+    assert read_eval_script(bare, "abc") == ([], "pytest", []) and "git" not in bare
+
+
+def test_the_factory_s_rows_are_swebench_rows_planned_by_the_same_function(tmp_path):
+    """make-tasks' row (SWE-bench 5.x's eval_script, log_parser, eval_type; written top-level) and a row of the
+    older form (extra.test_cmd, extra.test_files) of the same task give the same plan; only `source` differs."""
+    repo = tmp_path / "repos" / "r"
+    repo.mkdir(parents=True)
+    common = {"instance_id": "lib__lib-0", "repo": "lib/lib", "base_commit": "abc", "patch": "",
+              "test_patch": DJANGO_TEST_PATCH, "problem_statement": "p", "FAIL_TO_PASS": ["t::a"],
+              "PASS_TO_PASS": []}  # fmt: skip
+    cmd, files = "python -m pytest -rA tests/auth_tests/test_validators.py", ["tests/auth_tests/test_validators.py"]
+    old = {**common, "extra": {"repo_dir": "repos/r", "test_cmd": cmd, "test_files": files}}
+    new = {**common, "extra": {"repo_dir": "repos/r", "eval_script": make_eval_script("abc", cmd, files,
+                                                                                       DJANGO_TEST_PATCH),
+                               "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}}  # fmt: skip
+    write_jsonl(tmp_path / "t.jsonl", [old, {**new, "instance_id": "lib__lib-1"}])
+    a, b = load_tasks(tmp_path / "t.jsonl")
+    assert (a.plan.source, b.plan.source) == ("project", "swebench")
+    assert replace(a.plan, source="swebench") == b.plan
+    assert b.plan.repo_dir == str(repo) and b.plan.image == b.plan.sif == "" and b.plan.test_files == tuple(files)
+    write_tasks([b], tmp_path / "w.jsonl")
+    row = json.loads((tmp_path / "w.jsonl").read_text())
+    assert {"eval_script", "log_parser", "eval_type"} <= set(row) and "eval_script" not in row["extra"]
+    assert load_tasks(tmp_path / "w.jsonl")[0].plan == b.plan
 
 
 def test_sif_names_agree_for_every_spelling_of_an_image():

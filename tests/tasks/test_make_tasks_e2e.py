@@ -78,10 +78,17 @@ def test_tasks_are_real_and_self_consistent(built, tmp_path):
     tasks = load_tasks(out / "train.jsonl")
     assert len(tasks) == N_TASKS and load_tasks(out / "test.jsonl") == []
     assert len({t.instance_id for t in tasks}) == N_TASKS
-    rows = [json.loads(line)["extra"] for line in (out / "train.jsonl").read_text().splitlines()]
-    for task, row in zip(tasks, rows, strict=True):
+    lines = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    rows = [line["extra"] for line in lines]
+    for task, row, line in zip(tasks, rows, lines, strict=True):
         extra = task.extra
-        assert set(extra) >= {"repo_dir", "env_dir", "test_cmd", "test_files", "library", "mutation"}
+        # SWE-bench 5.x's grading columns, top-level as SWE-bench publishes them; the host paths under extra
+        assert (line["log_parser"], line["eval_type"]) == ("parse_log_pytest", "pass_and_fail")
+        assert ">>>>> Start Test Output" in line["eval_script"] and "test_cmd" not in row
+        assert set(row) >= {"repo_dir", "env_dir", "library", "mutation"}
+        plan = task.plan
+        assert plan is not None and plan.env_setup == plan.activate == () and plan.image == ""
+        extra = {**extra, "test_cmd": plan.test_cmd, "test_files": list(plan.test_files)}
         # The file holds paths relative to its folder (the task set moves as one); the loader resolves them.
         assert not Path(row["repo_dir"]).is_absolute() and not Path(row["env_dir"]).is_absolute()
         repo, env_dir = Path(extra["repo_dir"]), Path(extra["env_dir"])

@@ -61,6 +61,7 @@ from swe_megatron.tasks.factory.repo import COMMIT_DATE, copy_tree, write_task_r
 from swe_megatron.tasks.factory.statement import problem_statement
 from swe_megatron.tasks.factory.suite import PASSING, Layout, RunResult, find_layout, run_tests
 from swe_megatron.tasks.load import write_tasks
+from swe_megatron.tasks.plan import make_eval_script
 from swe_megatron.tasks.schema import Task
 
 FACTORY_VERSION = "3"
@@ -650,8 +651,11 @@ def _task(lib: Library, k: int, acc: Accepted, staging: Path, cfg: FactoryConfig
         extra={
             "repo_dir": f"repos/{iid}",
             "env_dir": f"envs/{lib.spec.key}",
-            "test_cmd": lib.layout.test_cmd(acc.hidden_files),
-            "test_files": acc.hidden_files,
+            # SWE-bench 5.x's grading columns (written top-level): the plan reads them as it reads SWE-bench's
+            "eval_script": make_eval_script(repo.base_commit, lib.layout.test_cmd(acc.hidden_files),
+                                            acc.hidden_files, repo.test_patch),  # fmt: skip
+            "log_parser": "parse_log_pytest",
+            "eval_type": "pass_and_fail",
             "library": lib.spec.requirement,
             "mutation": {
                 "operator": m.operator,
