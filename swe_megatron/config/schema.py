@@ -407,6 +407,10 @@ class SandboxConfig:
     """Apptainer: folder with one SIF per task image."""
     workspace_root: str = "/var/tmp/swe-megatron-sandboxes"
     """Host folder for each sandbox's private copy of its repository (outside /root and the project)."""
+    image_repo_cache_mb: int = 51200
+    """Apptainer: most disk the repositories read out of task images (workspace_root/.image-repos, one per image,
+    which every sandbox of that image copies and diffs against) may take together; beyond it the least recently
+    used ones that no live sandbox holds are removed (the one just read stays, even when it alone is larger)."""
     tmpfs_mb: int = 512
     """bwrap: size cap of the sandbox's /tmp and HOME each (tmpfs, held in memory)."""
     lease_timeout_s: float = 300.0

@@ -11,7 +11,10 @@ tar` into IMAGE_CACHE under sandbox.workspace_root (one folder per image file, m
 there into each sandbox's workspace like any repository: the agent writes to its own copy, the host reads and
 writes it (read_file/write_file) and diffs it against the cached one (host_patch), as for a host repository. The
 image is immutable once built (a SIF is): a rebuilt image file is a new cache entry. The shell then runs the
-task's environment activation (SandboxSpec.setup, from the grading plan) before entering /testbed.
+task's environment activation (SandboxSpec.setup, from the grading plan) before entering /testbed. The cache is
+bounded (sandbox.image_repo_cache_mb): each live sandbox holds a shared flock on its entry's lock file (.ENTRY.lock),
+each use touches the entry, and after reading a new image the least recently used entries that no process holds
+are removed until the rest fit (evict_image_repos); so are leftovers of reads that were cut short.
 
 One `apptainer exec` per sandbox runs the shell's supervisor (shell.py); a shell that dies is restarted
 inside the same container. The image stays read-only; writes outside /testbed land in a tmpfs overlay
@@ -39,6 +42,7 @@ exactly the options above and refuses anything else.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -46,6 +50,7 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from swe_megatron.sandbox.base import SandboxError
@@ -69,6 +74,68 @@ def _repo_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
     # Owned by this process, not by whoever the image names (the stand-in's user namespace says `nobody`): no
     # other user may change the pristine copy later sandboxes start from.
     return member.replace(uid=os.getuid(), gid=os.getgid(), uname="", gname="", deep=False)
+
+
+def _side(entry: Path, kind: str) -> Path:
+    """An entry's lock or size file beside it (.ENTRY.lock, .ENTRY.size)."""
+    return entry.with_name(f".{entry.name}.{kind}")
+
+
+def _entry_bytes(entry: Path) -> int:
+    """Disk a cached repository takes (its .ENTRY.size record, written when it was read out; else counted)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(_side(entry, "size").read_text())
+    total = 0
+    for folder, _, files in os.walk(entry):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+def evict_image_repos(root: Path, limit_bytes: int, keep: Path | None = None) -> list[str]:
+    """Remove the least recently used repositories under root (an IMAGE_CACHE folder) until the rest take at most
+    limit_bytes; an entry a live sandbox holds (a shared flock on .ENTRY.lock) and `keep` stay. Leftover `.part-`
+    folders older than EXTRACT_TIMEOUT_S (a read cut short) go too. Returns the names removed."""
+    removed, now = [], time.time()
+    entries = []
+    for path in root.iterdir() if root.is_dir() else ():
+        if path.name.startswith(".part-"):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > EXTRACT_TIMEOUT_S:
+                    remove_tree(path)
+                    removed.append(path.name)
+        elif path.is_dir() and not path.is_symlink():
+            entries.append((path.stat().st_mtime, path, _entry_bytes(path)))
+    total = sum(size for _, _, size in entries)
+    for _, path, size in sorted(entries, key=lambda e: e[0]):
+        if total <= limit_bytes:
+            break
+        if keep is not None and path == keep:
+            continue
+        try:
+            fd = os.open(_side(path, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live sandbox holds it
+            os.close(fd)
+            continue
+        try:  # out of the way first, so that no sandbox starts on a half-removed copy; a waiting one reads it anew
+            gone = Path(tempfile.mkdtemp(prefix=".part-evict-", dir=root))
+            os.rename(path, gone / "repo")
+            remove_tree(gone)
+            for kind in ("size", "lock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(_side(path, kind))
+            total -= size
+            removed.append(path.name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 def find_apptainer() -> str:
@@ -117,11 +184,30 @@ class ApptainerSandbox(ShellSandbox):
         self._image_path = self._image()
 
     def _repo_source(self) -> str:
-        """spec.repo_dir, or (none given) the image's own repository at spec.workdir, read out once per image."""
+        """spec.repo_dir, or (none given) the image's own repository at spec.workdir, read out once per image and
+        held (a shared flock on its lock file) until this sandbox is cleaned up, so that no eviction removes it."""
         if self.spec.repo_dir:
             return self.spec.repo_dir
         self._prepare()
-        return str(self._image_repository())
+        for _ in range(3):  # an eviction that won the race for the lock removed it: read it out again
+            done = self._image_repository()
+            fd = os.open(_side(done, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if done.is_dir():
+                self._held = fd
+                with contextlib.suppress(OSError):
+                    os.utime(done)  # most recently used
+                return str(done)
+            os.close(fd)
+        raise SandboxError(f"the repository of image {self._image_path} was removed from the cache as it was read")
+
+    def _cleanup(self) -> None:
+        try:
+            super()._cleanup()
+        finally:
+            fd, self._held = getattr(self, "_held", None), None
+            if fd is not None:
+                os.close(fd)
 
     def _as_user(self) -> list[str]:
         """argv prefix that drops from root to the sandbox user (nothing when not root)."""
@@ -175,12 +261,15 @@ class ApptainerSandbox(ShellSandbox):
                 raise SandboxError(
                     f"cannot read {self.spec.workdir} out of image {image} (status {rc}): {problem}"
                 )
+            size = _entry_bytes(tmp / "repo")
             with contextlib.suppress(OSError):  # another sandbox may have made it first: then theirs is used
                 os.rename(tmp / "repo", done)
+                _side(done, "size").write_text(str(size))
             if not done.is_dir():
                 raise SandboxError(f"cannot keep the repository of image {image} in {done}")
         finally:
             remove_tree(tmp)
+        evict_image_repos(root, self.cfg.image_repo_cache_mb << 20, keep=done)
         return done
 
     def _launch(self) -> tuple[list[str], dict[str, str]]:

@@ -160,3 +160,48 @@ def test_an_image_task_works_on_a_copy_of_the_image_s_repository(apptainer_cfg, 
     assert {p.stat().st_uid for p in [cached[0], *cached[0].rglob("*")]} == {os.getuid()}
     with pytest.raises(SandboxError, match="only sandbox.backend=apptainer opens"):
         make_sandbox(spec, cfg).start()
+
+
+def test_image_repositories_are_evicted_least_recently_used_never_while_held(apptainer_cfg, venv):
+    """sandbox.image_repo_cache_mb bounds .image-repos: reading a new image's repository removes the least recently
+    used ones that no live sandbox holds, never the held one (whose sandbox still diffs against it) nor the one just
+    read; a leftover of a read cut short goes too."""
+    images = []
+    for name in "abc":
+        testbed = venv.parent / "images" / f"{name}.sif" / "testbed"
+        testbed.mkdir(parents=True)
+        (testbed / "mod.py").write_text("x = 1\n")
+        (testbed / "big.bin").write_bytes(os.urandom(700 << 10))  # any two of them exceed the 1 MB allowed
+        subprocess.run(["git", "init", "-q", str(testbed)], check=True)
+        subprocess.run(["git", "-C", str(testbed), "add", "."], check=True)
+        subprocess.run(["git", "-C", str(testbed), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b"],
+                       check=True)  # fmt: skip
+        images.append(testbed.parent)
+    subprocess.run(["chmod", "-R", "a+rX", str(venv.parent / "images")], check=True)
+    cfg = replace(apptainer_cfg, workspace_root=str(venv.parent / "ws-evict"), image_repo_cache_mb=1)
+    cache = Path(cfg.workspace_root) / ".image-repos"
+
+    def cached() -> list[str]:
+        return sorted(p.name.split(".sif-")[0] for p in cache.iterdir() if p.is_dir() and p.name[0] != ".")
+
+    def read(image: Path) -> None:
+        sb = make_sandbox(SandboxSpec(repo_dir="", image=str(image)), cfg)
+        sb.start()
+        sb.stop()
+
+    held = make_sandbox(SandboxSpec(repo_dir="", image=str(images[0])), cfg)
+    held.start()
+    try:
+        stale = cache / ".part-cut-short"
+        stale.mkdir()
+        os.utime(stale, (0, 0))
+        read(images[1])
+        assert cached() == ["a", "b"]  # over the limit, but a is held and b was just read
+        read(images[2])
+        assert cached() == ["a", "c"] and not stale.exists()  # b, the least recently used one not held
+        held.write_file("mod.py", b"x = 2\n")
+        assert "+x = 2" in held.host_patch(1 << 20)
+    finally:
+        held.stop()
+    read(images[1])
+    assert cached() == ["b"]  # a no longer held: it and c go
