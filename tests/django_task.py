@@ -19,12 +19,14 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 from swe_megatron.tasks.factory.env import build_env
 from swe_megatron.tasks.factory.pypi import PackageSpec, fetch_sdist
 from swe_megatron.tasks.factory.repo import git, write_task_repo
 from swe_megatron.tasks.load import load_tasks, write_tasks
+from swe_megatron.tasks.plan import make_eval_script
 from swe_megatron.tasks.schema import Task
 
 DJANGO = PackageSpec("Django", "4.2.16")
@@ -49,6 +51,20 @@ def _run_tests(repo: Path, env_dir: Path) -> dict[str, str]:
     return parse(proc.stdout + proc.stderr, None)
 
 
+def _pack(repo: Path, timeout_s: float = 300.0) -> None:
+    """Pack the repository's objects now: the commit of ~6,000 files leaves git's automatic gc running in the
+    background, and copying the repository while it moves loose objects into a pack fails (seen here)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            git(repo, "gc", "-q")
+            return
+        except RuntimeError as e:  # "gc is already running": the automatic one; wait for it
+            if "already running" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def django_task(root: Path | None = None) -> Task:
     """The django task (built once under root, default the system temp folder; see the module docstring)."""
     root = Path(root or Path(tempfile.gettempdir()) / "swe_megatron_django_task")
@@ -68,6 +84,7 @@ def django_task(root: Path | None = None) -> Task:
     repo_dir, env_dir = work / "repo", root / "envs" / "django"
     made = write_task_repo(pristine, repo_dir, {"django/utils/text.py": text.replace(*BUG)}, [TEST_FILE],
                            "Django 4.2.16 (sdist) with a planted bug")  # fmt: skip
+    _pack(repo_dir)
     build_env(env_dir, REQUIREMENTS)
     tests_dir = repo_dir / TEST_FILE
     shutil.copyfile(pristine / TEST_FILE, tests_dir)
@@ -82,8 +99,8 @@ def django_task(root: Path | None = None) -> Task:
     task = Task(instance_id=INSTANCE_ID, repo="django/django", base_commit=made.base_commit, patch=made.patch,
                 test_patch=made.test_patch, problem_statement="phone2numeric() maps 'w' to 8; it should be 9.",
                 FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, version="4.2", created_at="2026-01-01T00:00:00",
-                extra={"repo_dir": str(repo_dir), "env_dir": str(env_dir), "test_cmd": TEST_CMD,
-                       "test_files": [TEST_FILE], "log_parser": LOG_PARSER})  # fmt: skip
+                extra={"repo_dir": str(repo_dir), "env_dir": str(env_dir), "log_parser": LOG_PARSER,
+                       "eval_script": make_eval_script(made.base_commit, TEST_CMD, [TEST_FILE], made.test_patch)})  # fmt: skip
     write_tasks([task], done)
     os.chmod(root, 0o755)
     return load_tasks(done)[0]

@@ -93,7 +93,7 @@ def build_image(task, sif_dir: Path, dataset: str = "swebench") -> Path:
 
 
 def _test_files(task) -> list[str]:
-    return list(task.extra.get("test_files") or [])
+    return list(task.plan.test_files)
 
 
 def swebench_eval_script(task, test_cmd: str) -> str:

@@ -87,7 +87,7 @@ def test_grade_runtests_with_swebench_django_parser(django_image, tmp_path):
     patches = {
         "gold": source.patch,
         "empty": "",
-        "edit_tests": harmless + diff((source.extra["test_files"][0], None, "def test_nothing():\n    pass\n")),
+        "edit_tests": harmless + diff((source.plan.test_files[0], None, "def test_nothing():\n    pass\n")),
         "runner": harmless + diff(("tests/runtests.py", runtests, "#!/usr/bin/env python\n" + fake_ok)),
         "forged_log": diff((module, text, text + FORGE)),
     }
@@ -108,4 +108,4 @@ def test_grade_runtests_with_swebench_django_parser(django_image, tmp_path):
     dropped = {
         name[i]: [d["path"] for d in r["dropped"]] for i, r in report["instances"].items() if r.get("dropped")
     }
-    assert dropped == {"edit_tests": [source.extra["test_files"][0]], "runner": ["tests/runtests.py"]}
+    assert dropped == {"edit_tests": [source.plan.test_files[0]], "runner": ["tests/runtests.py"]}
