@@ -13,13 +13,19 @@ fails) writes `abort` with its reason and aborts its group (abort, never shutdow
 pending operations), and every other member sees the key within POLL_S, aborts its group and raises
 `SyncAborted`. A worker that fails returns an error from its RPC and its server keeps serving (vLLM's
 collective_rpc reports a worker's exception; the process lives on). A worker that dies outright cannot write
-the key: the trainer sees its RPC fail (and on gloo its connection close) and writes it.
+the key: the trainer sees its RPC fail (and on gloo its connection close) and writes it. Forming the group is
+waited for the same way (`join`: the rendezvous and the first collective, where NCCL creates its communicator, run
+on a helper thread with a store connection of its own), so a member that dies after announcing itself holds no
+one past the deadline either. On NCCL a dead peer must not end the survivors before the key is written: the sync
+group runs with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly) and a nonblocking communicator (`new_group`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -42,15 +48,53 @@ class SyncAborted(RuntimeError):
     """A member of the sync failed (or it ran out of time); this one stopped without waiting for its group."""
 
 
+NCCL_ERROR_HANDLING = "2"
+"""TORCH_NCCL_ASYNC_ERROR_HANDLING of every sync group (CleanUpOnly): a peer's death or a timeout aborts the
+group's communicator and fails its work, and the process lives on. torch's default, 3 (SkipCleanUp), ends the
+process from the watchdog thread (ProcessGroupNCCL.cpp, Watchdog: SHOULD_TEAR_DOWN -> handleException rethrows):
+one killed receiver would take every other vLLM worker of the group, and the trainer, down with it within the
+watchdog's ~100 ms, before the trainer's probe of the dead server could write the abort key."""
+
+
 def new_group(store, prefix: str, rank: int, world: int, device: torch.device, timeout: timedelta):
     """A process group outside torch.distributed's default world (the trainer already has one), under
-    `prefix` in store (one prefix per sync)."""
+    `prefix` in store (one prefix per sync).
+
+    NCCL: the communicator is made nonblocking (ncclConfig.blocking=0), so that its creation at the first
+    collective polls with a deadline and an abort of the group ends it (torch keeps it in
+    inInitializationCommMap_ until ready); a blocking ncclCommInitRank waits for a dead member forever. The
+    error-handling mode is read from the environment by ProcessGroupNCCL's constructor, so it is set around
+    this construction only: vLLM's own groups keep the process-wide setting."""
     prefixed = dist.PrefixStore(prefix, store)
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, rank, world, opts)
+        opts.config.blocking = 0
+        with _environ("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING):
+            return dist.ProcessGroupNCCL(prefixed, rank, world, opts)
     return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def own_connection(store, timeout_s: float):
+    """A second client of a TCPStore for the group's rendezvous: one client sends one request at a time, so a
+    rendezvous waiting for a dead member's key in it would hold every abort check of the polling thread until the
+    group's own timeout (measured: 120 s instead of a poll). Other stores (in-process ones) are shared."""
+    if isinstance(store, dist.TCPStore):
+        return dist.TCPStore(store.host, store.port, None, False, timedelta(seconds=timeout_s))
+    return store
 
 
 class SyncGroup:
@@ -82,9 +126,42 @@ class SyncGroup:
         self.store.set(f"{self.prefix}/go", "1")
 
     def join(self) -> None:
-        """Form the process group (every member calls it)."""
-        self.group = new_group(self.store, self.prefix, self.rank, self.world, self.device,
-                               timedelta(seconds=2 * self.timeout_s))  # fmt: skip
+        """Form the process group and run its first collective (every member calls it), waited for like any
+        broadcast (SyncAborted at the deadline, an abort, or `check`): a member that died after the go must not
+        hold the others. gloo connects every pair in its constructor and NCCL creates its communicator at the
+        first collective, each a call that blocks until every member came: both run on a helper thread while
+        this one polls."""
+        formed: dict = {}
+        cancelled = threading.Event()
+
+        def form() -> None:
+            try:
+                group = new_group(own_connection(self.store, self.timeout_s), self.prefix, self.rank, self.world,
+                                  self.device, timedelta(seconds=2 * self.timeout_s))  # fmt: skip
+                formed["group"] = group
+                if cancelled.is_set():  # given up while the group formed: nobody else will abort it
+                    group.abort()
+                    _ABORTED.append(group)
+                    return
+                opts = dist.BroadcastOptions()
+                opts.rootRank = 0
+                formed["work"] = group.broadcast([torch.zeros(1, device=self.device)], opts)
+            except BaseException as e:  # noqa: BLE001 - raised on the polling thread
+                formed["error"] = e
+
+        thread = threading.Thread(target=form, name=f"{self.prefix}-join", daemon=True)
+        thread.start()
+        try:
+            self._poll(lambda: not thread.is_alive(), "joining the group")
+        except BaseException:
+            cancelled.set()
+            raise
+        finally:
+            self.group = formed.get("group")  # abort() aborts it (on NCCL also a communicator still forming)
+        if "error" in formed:
+            raise formed["error"]
+        self._poll(formed["work"].is_completed, "the group's first collective")
+        formed["work"].wait()
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast `tensor` in place from rank 0 (the trainer) to every member; SyncAborted as soon as any

@@ -6,6 +6,7 @@ scripted sender. The whole protocol over real gloo groups: tests/engine/test_wei
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 
 import pytest
@@ -139,24 +140,74 @@ def test_abort_with_the_store_gone_still_aborts_the_group(monkeypatch):
     assert g.group.calls == ["abort"]
 
 
-def test_join_gives_the_group_twice_the_deadline(monkeypatch):
+def test_join_gives_the_group_twice_the_deadline_and_runs_its_first_collective(monkeypatch):
     made = []
-    monkeypatch.setattr(weight_receiver, "new_group", lambda *a: made.append(a) or "group")
+    group = RecordingGroup()
+    monkeypatch.setattr(weight_receiver, "new_group", lambda *a: made.append(a) or group)
     store = dist.HashStore()
     g = SyncGroup(store, "sync-7", 2, 5, CPU, 30.0)
     g.join()
-    assert g.group == "group" and made == [(store, "sync-7", 2, 5, CPU, timedelta(seconds=60))]
+    assert g.group is group and made == [(store, "sync-7", 2, 5, CPU, timedelta(seconds=60))]
+    # NCCL creates its communicator there: inside join, which waits for it like any broadcast.
+    assert [(t.tolist(), root) for t, root in group.sent] == [([0.0], 0)]
+
+
+def test_the_rendezvous_uses_a_store_connection_of_its_own():
+    """A TCPStore client sends one request at a time: a rendezvous waiting in the polling thread's own client held
+    its abort checks until the group's timeout (issue 41: 126 s for a 60 s deadline)."""
+    from datetime import timedelta as td
+
+    master = dist.TCPStore("127.0.0.1", 0, None, True, td(seconds=5), wait_for_workers=False)
+    other = weight_receiver.own_connection(master, 5.0)
+    assert isinstance(other, dist.TCPStore) and other is not master and other.port == master.port
+    other.set("k", "v")
+    assert master.get("k") == b"v"
+    hash_store = dist.HashStore()
+    assert weight_receiver.own_connection(hash_store, 5.0) is hash_store
+
+
+def test_join_gives_up_at_the_deadline_while_the_group_forms_and_aborts_it_once_formed(monkeypatch):
+    """A rendezvous that waits for a member that never comes: join raises at the deadline (not the group's own
+    timeout), and the group, once the constructor returns, is aborted (nobody else holds it)."""
+    import threading
+
+    release, aborted = threading.Event(), threading.Event()
+
+    class Late(RecordingGroup):
+        def abort(self):
+            aborted.set()
+
+    def slow_group(*a):
+        release.wait(10)
+        return Late()
+
+    monkeypatch.setattr(weight_receiver, "new_group", slow_group)
+    monkeypatch.setattr(weight_receiver, "_ABORTED", [])
+    g = SyncGroup(dist.HashStore(), "s", 1, 3, CPU, 0.3)
+    with pytest.raises(SyncAborted, match=r"^weight sync: joining the group took longer than 0.3 s$"):
+        g.join()
+    assert g.group is None
+    release.set()
+    assert aborted.wait(5) and len(weight_receiver._ABORTED) == 1
 
 
 def test_a_cuda_member_makes_an_nccl_group_with_the_timeout_under_the_prefix(monkeypatch):
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     made = {}
+
+    class Config:
+        blocking = 1  # NCCL's default
 
     class Options:
         _timeout = None
 
-    class FakeNCCL:  # no NCCL on this host: the constructor's arguments are what is checked
+        def __init__(self):
+            self.config = Config()
+
+    class FakeNCCL:  # no NCCL on this host: the constructor's arguments (and the environment it reads) are checked
         def __init__(self, store, rank, world, opts):
-            made.update(store=store, rank=rank, world=world, timeout=opts._timeout)
+            made.update(store=store, rank=rank, world=world, timeout=opts._timeout, blocking=opts.config.blocking,
+                        handling=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))  # fmt: skip
 
     FakeNCCL.Options = Options
     monkeypatch.setattr(weight_receiver.dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
@@ -166,6 +217,10 @@ def test_a_cuda_member_makes_an_nccl_group_with_the_timeout_under_the_prefix(mon
     assert (made["rank"], made["world"], made["timeout"]) == (2, 5, timedelta(seconds=7))
     made["store"].set("k", "v")
     assert store.get("sync-3/k") == b"v"
+    # Issue 41: a nonblocking communicator (its creation can be aborted and has a deadline), and CleanUpOnly (2)
+    # read by the constructor: a dead peer aborts the group instead of ending this process (torch's default, 3).
+    assert made["blocking"] == 0 and made["handling"] == "2"
+    assert os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3"  # the process's own setting is back
 
 
 def test_unpack_gives_views_in_the_header_s_order_and_shapes():

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 from vllm_stub import VllmStub
 
 import swe_megatron.engine.vllm as vllm_client
@@ -38,13 +40,29 @@ class Died(Exception):
 class FakeWorker(WeightReceiver):
     """Labelled fake of one vLLM worker: the real WeightReceiver mixed into a stand-in for vLLM's worker.
 
-    die: None, "before_join" (the RPC fails before the worker announces itself), "mid_bucket" (after reading
-    `after` tensors), "after_last" (after reading everything, before answering); stop_after: its reload stops
-    reading after that many tensors (a loader bug)."""
+    die: None, "before_join" (the RPC fails before the worker announces itself), "before_collective" (it
+    announces itself, then dies before the group's first collective), "mid_bucket" (after reading `after`
+    tensors), "after_last" (after reading everything, before answering); stop_after: its reload stops reading
+    after that many tensors (a loader bug)."""
 
     def __init__(self, rank: int, die: str | None = None, after: int = 2, stop_after: int | None = None):
         self.rank, self.die, self.after, self.stop_after = rank, die, after, stop_after
         self.loaded: dict[str, torch.Tensor] = {}
+
+    def swe_sync_weights(self, master_address, master_port, prefix, rank_offset, world_size, timeout_s="600"):
+        if self.die != "before_collective":
+            return super().swe_sync_weights(
+                master_address, master_port, prefix, rank_offset, world_size, timeout_s
+            )
+        # The real announce (its own store client, the joined key, the trainer's go), then the process is gone:
+        # everyone else is forming the group (gloo) or about to enter the first collective (NCCL) without it.
+        store = dist.TCPStore(
+            master_address, int(master_port), None, False, timedelta(seconds=float(timeout_s))
+        )
+        SyncGroup(
+            store, prefix, int(rank_offset) + self.rank, int(world_size), CPU, float(timeout_s)
+        ).announce()
+        raise Died("server process killed after announcing itself, before its first collective")
 
     def reload_weights(self, weights_iterator) -> None:
         """vLLM's in-place reload, reduced to keeping a copy of each (name, tensor) it is given."""
@@ -215,12 +233,13 @@ def test_a_worker_whose_reload_stops_reading_early_fails_the_sync(servers):
     assert error is not None and "stopped reading before the trainer's last bucket" in error
 
 
-@pytest.mark.parametrize("phase", ["before_join", "hang", "mid_bucket", "after_last"])
+@pytest.mark.parametrize("phase", ["before_join", "hang", "before_collective", "mid_bucket", "after_last"])
 def test_a_server_killed_at_any_phase_fails_the_sync_fast_and_the_others_keep_serving(servers, phase):
-    """Issue 26 item 2: one server dies before joining, never joins, dies mid-bucket, or dies after the last
-    bucket. The sync ends with one error naming it, well within the timeout (the one that never joins: at the
-    timeout); every survivor's RPC has returned (no worker left waiting in the group), the survivors stay in
-    rotation and a next sync over them succeeds (what a resume does)."""
+    """Issue 26 item 2, issue 41 item 3: one server dies before joining, never joins, dies after announcing itself
+    but before the group's first collective, dies mid-bucket, or dies after the last bucket. The sync ends with
+    one error naming it, well within the timeout (the one that never joins: at the timeout); every survivor's RPC
+    has returned (no worker left waiting in the group), the survivors stay in rotation and a next sync over them
+    succeeds (what a resume does). before_collective took 126 s (twice the 60 s deadline) before issue 41."""
     timeout = 3.0 if phase == "hang" else 60.0
     survivor, victim, other = servers({}, {"die": phase}, {}, workers=2)
     engine = engine_of([survivor, victim, other])
@@ -235,7 +254,9 @@ def test_a_server_killed_at_any_phase_fails_the_sync_fast_and_the_others_keep_se
     for s in (survivor, other):
         assert s.url in engine.urls, f"{phase}: a survivor was dropped"
         for w in s.workers:
-            assert len(w.loaded) < len(want) if phase in ("before_join", "hang") else True
+            assert (
+                len(w.loaded) < len(want) if phase in ("before_join", "hang", "before_collective") else True
+            )
             if phase == "after_last":  # the survivors had everything before the victim died
                 assert w.loaded.keys() == want.keys()
     if phase != "hang":
