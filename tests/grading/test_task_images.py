@@ -37,7 +37,7 @@ def images(factory_task_files):
         pytest.skip("bwrap is not installed (the stand-in apptainer runs over it)")
     source = next(
         (t for path, limit in factory_task_files for t in load_tasks_for_command(str(path))[:limit]
-         if len(t.extra.get("test_files") or []) == 1),
+         if len(t.plan.test_files) == 1),
         None,
     )  # fmt: skip
     if source is None:
@@ -79,7 +79,7 @@ def test_rows_map_to_plans_in_the_image(images):
             "cd /testbed",
         )
         assert plan.sandbox_spec().setup == plan.activate
-        assert plan.test_files == tuple(source.extra["test_files"])
+        assert plan.test_files == source.plan.test_files
 
 
 @pytest.mark.parametrize("dataset", DATASETS)
@@ -126,7 +126,7 @@ def test_grade_in_the_image_gold_resolves_and_hacks_do_not(images, dataset, tmp_
 
     tasks, cfg, source = images
     row = json.loads(tasks[dataset][1].read_text())
-    test_file = source.extra["test_files"][0]
+    test_file = source.plan.test_files[0]
     module = source.patch.split("\n", 1)[0].split(" b/")[-1]
     text = subprocess.run(
         ["git", "-C", source.extra["repo_dir"], "show", f"HEAD:{module}"],
@@ -230,7 +230,7 @@ def test_eval_in_the_image_through_the_sandbox_server(images, tmp_path):
 
     tasks, cfg, source = images
     task = tasks["swe-rebench"][0]
-    test_file = source.extra["test_files"][0]
+    test_file = source.plan.test_files[0]
     module = source.patch.split("\n", 1)[0].split(" b/")[-1]
 
     def write(path: str, text: str, keep: bool = False) -> str:  # one shell line, no quoting of the text
@@ -281,7 +281,8 @@ def test_a_short_run_on_image_rows(images, tmp_path):
     """`swe-megatron run` on image rows (a tiny schedule: warm start, one RFT iteration, eval), its sandbox server
     on the apptainer backend (stand-in): trains on the SWE-bench row and evaluates on the SWE-rebench row. The warm
     start's scripted gold solution, played through the agent's commands in the image, resolves and its give-up
-    does not; no episode of any unit is an infrastructure failure (the tiny model's own episodes included)."""
+    does not; no episode of any unit is an infrastructure failure (the tiny model's own episodes included). Then
+    `swe-megatron eval` on the run's checkpoint and the SWE-rebench row: two runs scored, none left out."""
     import sys
 
     tasks, cfg, _ = images
@@ -307,3 +308,19 @@ def test_a_short_run_on_image_rows(images, tmp_path):
         assert trajs and all(t["infra_failure"] is None for t in trajs), (unit, trajs)
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["tasks"] == report["tasks_scored"] == 1 and report["tasks_left_out_infra"] == 0, report
+
+    # `swe-megatron eval` itself (its own vLLM server and sandbox server) on the run's checkpoint and the image row
+    (ckpt,) = (run_dir / "checkpoints").iterdir()
+    out_dir = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "swe_megatron.cli", "eval", "embedded", "--checkpoint", str(ckpt), "--tasks",
+           str(tasks["swe-rebench"][1]), "--runs", "2", "--out", str(out_dir), "eval.t_max=3", "engine.port=0",
+           "monitor.progress=false", "sandbox.backend=apptainer", f"sandbox.sif_dir={cfg.sif_dir}",
+           f"sandbox.workspace_root={cfg.workspace_root}"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = json.loads((out_dir / "report.json").read_text())
+    assert (report["runs"], report["tasks_scored"], report["tasks_left_out_infra"]) == (2, 1, 0), report
+    assert "pass@2" in report and (out_dir / "table.md").exists()
+    trajs = [json.loads(x) for x in (out_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) == 2 and all(t["infra_failure"] is None for t in trajs), trajs
