@@ -191,6 +191,19 @@ class SyncGroup:
         self.broadcast(data)
         return bytes(data.cpu().tolist()).decode()
 
+    def mark_loading(self) -> None:
+        """A worker, just before it calls vLLM's reload, which moves every layer to the meta device before it reads
+        a weight (vllm 0.33.0 reload/inplace.py, layerwise.py): from here a failed sync leaves its server's
+        weights part-updated (the trainer reads the mark: `touched`)."""
+        self.store.set(self._loading_key(self.rank), "1")
+
+    def touched(self, ranks) -> bool:
+        """Whether any of these workers began loading in this sync (read after their RPCs have returned)."""
+        return any(self.store.check([self._loading_key(r)]) for r in ranks)
+
+    def _loading_key(self, rank: int) -> str:
+        return f"{self.prefix}/loading/{rank}"
+
     def abort(self, why: str) -> None:
         """Tell every member to stop (the store's abort key, first reason kept) and abort this member's group."""
         # The store may be gone with the trainer: then each member's deadline stops it.
@@ -278,6 +291,7 @@ class WeightReceiver:
         try:
             sync.announce()
             sync.join()
+            sync.mark_loading()
             # vLLM's in-place reload: checkpoint-format names, its own TP sharding and post-processing.
             self.reload_weights(weights_iterator=receive_buckets(sync, counts))
             if not counts["ended"]:

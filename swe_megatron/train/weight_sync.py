@@ -293,8 +293,9 @@ class BroadcastWeightSync(WeightSync):
         """Rank 0: one group over engine's live servers' workers, every bucket of `tensors` broadcast, the group
         dropped; the report and None, or the report and the one error naming each server (and rank 0) that
         failed. On a failure the group is aborted, `tensors` still read to its end (the later pipeline stages
-        finish sending) and the servers left as they are: alive, their weights possibly part-updated (the
-        iteration is not committed; a resume reloads the last committed export into them)."""
+        finish sending) and the servers left running; those whose workers began loading leave rotation (their
+        weights may be part-updated: `_drop_touched`), the untouched keep serving (the iteration is not committed;
+        a resume reloads the last committed export into the servers, or starts new ones)."""
         urls = _members(engine)
         world, offsets = server_ranks(len(urls), self.workers_per_server)
         self._syncs += 1
@@ -341,6 +342,9 @@ class BroadcastWeightSync(WeightSync):
             else:
                 group.close()
             error = _failures(engine, futures, error)
+            if error is not None:
+                ranks = {url: range(o, o + self.workers_per_server) for url, o in zip(urls, offsets)}
+                _drop_touched(engine, group, ranks)
         if error is None:
             for url in urls:
                 reset_prefix_cache(url, self.timeout_s)
@@ -359,6 +363,25 @@ def _check_rpcs(futures: dict) -> None:
             raise SyncAborted(f"{url} left the sync: {f.exception()}")
 
 
+PART_UPDATED = (
+    "may hold part-updated weights after the failed sync (vLLM's in-place reload had begun: it puts every layer on "
+    "the meta device first and restores only at its end); the run's next start reloads the last committed export"
+)
+"""Why a live server leaves rotation after a failed sync."""
+
+
+def _drop_touched(engine, group: SyncGroup, workers: dict[str, range]) -> None:
+    """After a failed sync: drop from rotation every server still in it whose workers began loading (their marks in
+    the store; the RPCs have all returned). A part-updated server must not serve again, and one that loaded it all
+    holds weights newer than the version the gate keeps; only servers the failure left untouched keep serving."""
+    rotation = getattr(engine, "rotation", None)
+    if rotation is None:
+        return
+    for url, ranks in workers.items():
+        if group.touched(list(ranks)):
+            rotation.drop(rotation.names.index(url), PART_UPDATED)  # once: a dead one is out already
+
+
 def _failures(engine, futures: dict, own_error: str | None) -> str | None:
     """Wait for every server's reply; one message naming each server that failed (and rank 0's error), or None;
     a failed server is probed (and dropped from rotation when it does not answer)."""
@@ -374,8 +397,8 @@ def _failures(engine, futures: dict, own_error: str | None) -> str | None:
     if not bad:
         return None
     return (
-        "weight sync by broadcast failed (the sync was aborted; the servers still running keep serving, their "
-        f"weights possibly part-updated; the iteration is not committed, rerun to resume): {'; '.join(bad)}"
+        "weight sync by broadcast failed (the sync was aborted; servers whose workers began loading leave rotation, "
+        f"the others keep serving; the iteration is not committed, rerun to resume): {'; '.join(bad)}"
     )
 
 
