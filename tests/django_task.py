@@ -46,7 +46,9 @@ def _run_tests(repo: Path, env_dir: Path) -> dict[str, str]:
 
     env = {"PATH": f"{env_dir}/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent",
            "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
-    proc = subprocess.run(TEST_CMD, shell=True, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        TEST_CMD, shell=True, cwd=repo, env=env, capture_output=True, text=True, timeout=600
+    )
     parse = import_swebench_grading()[1].PARSER_REGISTRY[LOG_PARSER]
     return parse(proc.stdout + proc.stderr, None)
 

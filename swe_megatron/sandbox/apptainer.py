@@ -199,7 +199,9 @@ class ApptainerSandbox(ShellSandbox):
                     os.utime(done)  # most recently used
                 return str(done)
             os.close(fd)
-        raise SandboxError(f"the repository of image {self._image_path} was removed from the cache as it was read")
+        raise SandboxError(
+            f"the repository of image {self._image_path} was removed from the cache as it was read"
+        )
 
     def _cleanup(self) -> None:
         try:

@@ -266,7 +266,11 @@ def _as_swebench_row(task: Any, extra: dict) -> dict:
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise PlanError(f"{where}: extra.test_files must be a list of paths")
     script = make_eval_script(task.base_commit, test_cmd, files, task.test_patch)
-    return {**extra, "eval_script": script, "log_parser": _text_field(extra, "log_parser", where) or DEFAULT_LOG_PARSER}
+    return {
+        **extra,
+        "eval_script": script,
+        "log_parser": _text_field(extra, "log_parser", where) or DEFAULT_LOG_PARSER,
+    }
 
 
 # -- reading the rows' scripts --------------------------------------------------------------------------
@@ -293,7 +297,9 @@ def make_eval_script(
     test patch applied from a heredoc, the test command between the ">>>>> Start/End Test Output" markers, the
     reset again. read_eval_script reads back (setup, test_cmd, test_files)."""
     start, end = _markers()
-    reset = [f"git checkout {base_commit} {' '.join(shlex.quote(f) for f in test_files)}"] if test_files else []
+    reset = (
+        [f"git checkout {base_commit} {' '.join(shlex.quote(f) for f in test_files)}"] if test_files else []
+    )
     apply = [f"git apply -v - <<'{HEREDOC}'", test_patch.rstrip("\n"), HEREDOC] if test_patch.strip() else []
     lines = ["#!/bin/bash", "set -uxo pipefail", *setup, *reset, *apply]
     return "\n".join([*lines, f": '{start}'", test_cmd, f": '{end}'", *reset, ""])

@@ -66,7 +66,10 @@ def test_the_row_maps_to_django_runtests_and_its_parser(django_image):
     task, _, _, _ = django_image
     plan = task.plan
     assert plan.source == "swebench" and plan.log_parser == "parse_log_django"
-    assert plan.test_cmd == "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 utils_tests.test_text"
+    assert (
+        plan.test_cmd
+        == "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 utils_tests.test_text"
+    )
     assert plan.test_files == ("tests/utils_tests/test_text.py",) and not plan.repo_dir
 
 
@@ -92,13 +95,25 @@ def test_grade_runtests_with_swebench_django_parser(django_image, tmp_path):
         "forged_log": diff((module, text, text + FORGE)),
     }
     rows, preds = tmp_path / "rows.jsonl", tmp_path / "preds.jsonl"
-    rows.write_text("".join(json.dumps({**row, "instance_id": f"{row['instance_id']}-{n}"}) + "\n" for n in patches))
+    rows.write_text(
+        "".join(json.dumps({**row, "instance_id": f"{row['instance_id']}-{n}"}) + "\n" for n in patches)
+    )
     preds.write_text("".join(json.dumps({"instance_id": f"{row['instance_id']}-{n}", "model_name_or_path": "m",
                                          "model_patch": p}) + "\n" for n, p in patches.items()))  # fmt: skip
     out = tmp_path / "report.json"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{FAKE}{os.pathsep}{os.environ['PATH']}")
-        argv = ["grade", "--tasks", str(rows), "--predictions", str(preds), "--out", str(out), "--workers", "2"]
+        argv = [
+            "grade",
+            "--tasks",
+            str(rows),
+            "--predictions",
+            str(preds),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+        ]
         assert main([*argv, "--sandbox", "apptainer", *sandbox]) == 0
     report = json.loads(out.read_text())
     name = {f"{row['instance_id']}-{n}": n for n in patches}

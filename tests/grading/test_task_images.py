@@ -236,7 +236,9 @@ def test_eval_in_the_image_through_the_sandbox_server(images, tmp_path):
     def write(path: str, text: str, keep: bool = False) -> str:  # one shell line, no quoting of the text
         b64 = base64.b64encode(text.encode()).decode()
         tail = f"; cat {path}" if keep else ""
-        return f"I write {path}.\n```\n{{ echo {b64} | base64 -d{tail}; }} > /tmp/new && cp /tmp/new {path}\n```"
+        return (
+            f"I write {path}.\n```\n{{ echo {b64} | base64 -d{tail}; }} > /tmp/new && cp /tmp/new {path}\n```"
+        )
 
     submit = "Done.\n```\nsubmit\n```"
     probe = "Which Python runs here?\n```\nwhich python; python -c 'import sys; print(sys.prefix)'\n```"
@@ -302,9 +304,13 @@ def test_a_short_run_on_image_rows(images, tmp_path):
     state = json.loads((run_dir / "state.json").read_text())
     assert state["done"] == ["init", "rft:warm_start", "rft:0", "eval"], state
     warm = json.loads((run_dir / "units" / "rft-warm_start" / "metrics.json").read_text())
-    assert warm["warm_start"]["scripted_resolved"] == 1.0 and warm["warm_start"]["decoys_resolved"] == 0.0, warm
+    assert warm["warm_start"]["scripted_resolved"] == 1.0 and warm["warm_start"]["decoys_resolved"] == 0.0, (
+        warm
+    )
     for unit in ("rft-warm_start", "rft-0"):
-        trajs = [json.loads(x) for x in (run_dir / "units" / unit / "trajectories.jsonl").read_text().splitlines()]
+        trajs = [
+            json.loads(x) for x in (run_dir / "units" / unit / "trajectories.jsonl").read_text().splitlines()
+        ]
         assert trajs and all(t["infra_failure"] is None for t in trajs), (unit, trajs)
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["tasks"] == report["tasks_scored"] == 1 and report["tasks_left_out_infra"] == 0, report

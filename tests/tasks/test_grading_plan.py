@@ -352,7 +352,10 @@ def test_the_factory_s_rows_are_swebench_rows_planned_by_the_same_function(tmp_p
     common = {"instance_id": "lib__lib-0", "repo": "lib/lib", "base_commit": "abc", "patch": "",
               "test_patch": DJANGO_TEST_PATCH, "problem_statement": "p", "FAIL_TO_PASS": ["t::a"],
               "PASS_TO_PASS": []}  # fmt: skip
-    cmd, files = "python -m pytest -rA tests/auth_tests/test_validators.py", ["tests/auth_tests/test_validators.py"]
+    cmd, files = (
+        "python -m pytest -rA tests/auth_tests/test_validators.py",
+        ["tests/auth_tests/test_validators.py"],
+    )
     old = {**common, "extra": {"repo_dir": "repos/r", "test_cmd": cmd, "test_files": files}}
     new = {**common, "extra": {"repo_dir": "repos/r", "eval_script": make_eval_script("abc", cmd, files,
                                                                                        DJANGO_TEST_PATCH),
@@ -361,7 +364,11 @@ def test_the_factory_s_rows_are_swebench_rows_planned_by_the_same_function(tmp_p
     a, b = load_tasks(tmp_path / "t.jsonl")
     assert (a.plan.source, b.plan.source) == ("project", "swebench")
     assert replace(a.plan, source="swebench") == b.plan
-    assert b.plan.repo_dir == str(repo) and b.plan.image == b.plan.sif == "" and b.plan.test_files == tuple(files)
+    assert (
+        b.plan.repo_dir == str(repo)
+        and b.plan.image == b.plan.sif == ""
+        and b.plan.test_files == tuple(files)
+    )
     write_tasks([b], tmp_path / "w.jsonl")
     row = json.loads((tmp_path / "w.jsonl").read_text())
     assert {"eval_script", "log_parser", "eval_type"} <= set(row) and "eval_script" not in row["extra"]

@@ -652,8 +652,9 @@ def _task(lib: Library, k: int, acc: Accepted, staging: Path, cfg: FactoryConfig
             "repo_dir": f"repos/{iid}",
             "env_dir": f"envs/{lib.spec.key}",
             # SWE-bench 5.x's grading columns (written top-level): the plan reads them as it reads SWE-bench's
-            "eval_script": make_eval_script(repo.base_commit, lib.layout.test_cmd(acc.hidden_files),
-                                            acc.hidden_files, repo.test_patch),  # fmt: skip
+            "eval_script": make_eval_script(
+                repo.base_commit, lib.layout.test_cmd(acc.hidden_files), acc.hidden_files, repo.test_patch
+            ),
             "log_parser": "parse_log_pytest",
             "eval_type": "pass_and_fail",
             "library": lib.spec.requirement,
