@@ -15,7 +15,8 @@
 #      dead server does not end the job.
 # On USR2 (sbatch --signal=B:USR2@cluster.signal_delay_s before the time limit, or `scancel --signal=USR2`)
 # the run stops after the iteration in flight (or is stopped by SIGTERM after the grace time), and the job
-# requeues itself (`scontrol requeue`); the requeued job resumes from the last complete iteration.
+# requeues itself (`scontrol requeue`); the requeued job resumes from the last complete iteration. A trainer that
+# has not stopped 30 s before the time limit (a rank blocked in a collective) is requeued then (_sm_arm_requeue).
 #
 # Environment (all optional except where the site needs them):
 #   SWE_MEGATRON_REPO     checkout of this repository on the shared filesystem (default: the folder sbatch
@@ -103,7 +104,61 @@ _sm_on_usr2() {
   _sm_log "USR2: stopping after the iteration in flight, then requeueing"
   STOP_REQUESTED=1
   [[ -n ${TRAINER_PID:-} ]] && kill -USR2 "$TRAINER_PID" 2>/dev/null
+  _sm_arm_requeue
   return 0
+}
+
+SM_REQUEUE_MARGIN_S=30 # the backstop requeue comes this long before the job's time limit
+
+# The backstop of a USR2 stop. A trainer rank blocked in a C++ call (an NCCL sync, a gloo receive with a day-long
+# timeout) runs its Python signal handlers only when that call returns: if it still runs at the time limit, Slurm
+# ends the job TIMEOUT and `scontrol requeue` after the trainer's exit never runs (the chain of stages stops). So
+# the trap arms a timer that requeues the job itself SM_REQUEUE_MARGIN_S before the limit while the trainer still
+# runs: Slurm ends its steps and queues it again, and it resumes from the last committed unit. The trainer's own
+# exit disarms it (_sm_wait_trainer). No limit (or SWE_MEGATRON_REQUEUE=0): nothing to arm.
+_sm_arm_requeue() {
+  [[ ${SWE_MEGATRON_REQUEUE:-1} == 1 && -z ${REQUEUE_TIMER_PID:-} ]] || return 0
+  local end=${SLURM_JOB_END_TIME:-} left
+  if [[ -z $end ]]; then # Slurm < 23.02 does not export it
+    end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | head -n1)
+    end=$(date -d "$end" +%s 2>/dev/null) || return 0 # Unknown / NONE: no time limit
+  fi
+  left=$((end - $(date +%s) - SM_REQUEUE_MARGIN_S))
+  ((left < 0)) && left=0
+  (
+    sleep "$left"
+    _sm_log "the trainer is still running ${SM_REQUEUE_MARGIN_S}s before the time limit (blocked in a collective?): requeueing job $SLURM_JOB_ID now; it resumes from the last committed unit"
+    scontrol requeue "$SLURM_JOB_ID"
+  ) &
+  REQUEUE_TIMER_PID=$!
+}
+
+# Wait for the trainer step (TRAINER_PID), stop the servers, and requeue the job when the trainer stopped before the
+# end of the schedule (EXIT_RESUMABLE); else exit with the trainer's status.
+_sm_wait_trainer() {
+  local rc
+  while :; do
+    wait "$TRAINER_PID"
+    rc=$?
+    kill -0 "$TRAINER_PID" 2>/dev/null || break # else: wait was interrupted by USR2
+  done
+  TRAINER_PID=""
+  if [[ -n ${REQUEUE_TIMER_PID:-} ]]; then
+    kill "$REQUEUE_TIMER_PID" 2>/dev/null
+    REQUEUE_TIMER_PID=""
+  fi
+  _sm_cleanup
+  if ((rc == 75)); then # EXIT_RESUMABLE: stopped before the end of the schedule
+    if [[ ${SWE_MEGATRON_REQUEUE:-1} == 1 ]]; then
+      _sm_log "requeueing job $SLURM_JOB_ID (restart count ${SLURM_RESTART_COUNT:-0}); it resumes from $RUN_DIR"
+      scontrol requeue "$SLURM_JOB_ID" || _sm_die "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? sbatch --requeue)"
+      exit 0
+    fi
+    _sm_log "stopped before the end of the schedule; the caller requeues"
+    exit 75
+  fi
+  _sm_log "trainer finished with status $rc; TensorBoard: tensorboard --logdir $RUN_DIR/tensorboard"
+  exit "$rc"
 }
 
 _sm_cleanup() {
@@ -126,7 +181,7 @@ swe_megatron_job() {
   [[ -n $stage ]] && overrides+=("schedule=[$stage]")
   [[ -n ${SWE_MEGATRON_RUN_DIR:-} ]] && overrides+=("run_dir=$SWE_MEGATRON_RUN_DIR")
   _sm_setup
-  STOP_REQUESTED=0 TRAINER_PID="" SERVER_PIDS=""
+  STOP_REQUESTED=0 TRAINER_PID="" SERVER_PIDS="" REQUEUE_TIMER_PID=""
   trap _sm_on_usr2 USR2
   trap _sm_cleanup EXIT
 
@@ -153,25 +208,7 @@ swe_megatron_job() {
     "${SM[@]}" job-step --run-dir "$RUN_DIR" --grace "$((SIGNAL_DELAY_S > 60 ? SIGNAL_DELAY_S - 60 : 0))" \
     trainer "$config" "${overrides[@]}" "cluster.rendezvous=$JOB_DIR/rendezvous.json" &
   TRAINER_PID=$!
-  local rc
-  while :; do
-    wait "$TRAINER_PID"
-    rc=$?
-    kill -0 "$TRAINER_PID" 2>/dev/null || break # else: wait was interrupted by USR2
-  done
-  TRAINER_PID=""
-  _sm_cleanup
-  if ((rc == 75)); then # EXIT_RESUMABLE: stopped before the end of the schedule
-    if [[ ${SWE_MEGATRON_REQUEUE:-1} == 1 ]]; then
-      _sm_log "requeueing job $SLURM_JOB_ID (restart count ${SLURM_RESTART_COUNT:-0}); it resumes from $RUN_DIR"
-      scontrol requeue "$SLURM_JOB_ID" || _sm_die "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? sbatch --requeue)"
-      exit 0
-    fi
-    _sm_log "stopped before the end of the schedule; the caller requeues"
-    exit 75
-  fi
-  _sm_log "trainer finished with status $rc; TensorBoard: tensorboard --logdir $RUN_DIR/tensorboard"
-  exit "$rc"
+  _sm_wait_trainer
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then # executed, not sourced: the config's whole schedule
