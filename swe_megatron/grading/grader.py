@@ -628,25 +628,37 @@ class _SandboxRun:
             raise GradingInfraError(
                 f"cannot read the canary file {file} (task broken?): {e}", Excluded.TASK
             ) from None
-        ids = [t for t in [*self.task.FAIL_TO_PASS, *self.task.PASS_TO_PASS] if t.startswith(f"{file}::")]
+        listed = [*self.task.FAIL_TO_PASS, *self.task.PASS_TO_PASS]
         f2p: dict[str, list[str]] = {}  # test file -> its FAIL_TO_PASS ids
         for t in self.task.FAIL_TO_PASS:
             if "::" in t:
                 f2p.setdefault(t.split("::", 1)[0], []).append(t)
-        canaries = canary_tests.plant(file, source, ids, fail_to_pass=f2p.pop(file, []))
-        texts = {file: canaries.text}
-        for other, tests in sorted(f2p.items()):  # decoys for the FAIL_TO_PASS tests of every other file
+        sources = {file: source}
+        for other in sorted(f2p):  # decoys for the FAIL_TO_PASS tests of every other file
+            if other == file:
+                continue
             try:
                 raw = self.sandbox.read_file(other, max_bytes=TEST_FILE_MAX_BYTES + 1)
                 text = raw.decode("utf-8") if len(raw) <= TEST_FILE_MAX_BYTES else None
             except (OSError, UnicodeDecodeError):
                 text = None
-            if text is None:
-                continue  # not a readable test file of this run (an id that names no file): nothing to rename
-            decoys = canary_tests.plant(other, text, [], fail_to_pass=tests, twins=False)
-            if decoys.renamed:
-                texts[other] = decoys.text
-                canaries.add(decoys)
+            if text is not None:  # else not a readable test file of this run (an id that names no file)
+                sources[other] = text
+        # The twins go where a FAIL_TO_PASS test can be copied and broken (canaries.py), the canary file first.
+        twins = next(
+            (f for f, text in sources.items() if canary_tests.breakable(f, text, f2p.get(f, []))), file
+        )
+        canaries, texts = None, {}
+        for target, text in sorted(sources.items(), key=lambda item: item[0] != twins):
+            ids = [t for t in listed if t.startswith(f"{target}::")]
+            planted = canary_tests.plant(
+                target, text, ids, fail_to_pass=f2p.get(target, []), twins=target == twins
+            )
+            if canaries is None:
+                canaries, texts[target] = planted, planted.text
+            elif planted.renamed:
+                texts[target] = planted.text
+                canaries.add(planted)
         self.result.canaries = canaries
         commands = []  # each file rewritten in place, keeping its modification time; one step for all
         for i, (target, text) in enumerate(texts.items()):

@@ -3,11 +3,15 @@ exactly what check() expects (the sandboxed grading path is in test_runner_tampe
 
 from __future__ import annotations
 
+import ast
+import io
 import random
 import re
 import subprocess
 import sys
+import tokenize
 
+from swe_megatron.grading import canaries
 from swe_megatron.grading.canaries import MUST_FAIL, MUST_PASS, Canaries, check, plant
 from swe_megatron.grading.swebench_light import import_swebench_grading
 
@@ -48,34 +52,182 @@ class TestOrdered:
         getcwd.return_value = "x"
         assert os.getcwd() == "x"
 """
+KINDS = """\
+import pytest
+from unittest import TestCase
+
+
+def double(x):
+    return 2 * x
+
+
+def test_eq():
+    assert double(2) == 4
+
+
+def test_eq_left():
+    assert 6 == double(3)
+
+
+def test_container():
+    assert [double(1), double(2)] == [2, 4]
+
+
+def test_named():
+    expected = {"a": 2, "b": 4}
+    got = {"a": double(1), "b": double(2)}
+    assert got == expected
+
+
+def test_joined():
+    expected = "\\n".join(["2", "4"])
+    assert "\\n".join([str(double(1)), str(double(2))]) == expected
+
+
+def test_is():
+    assert print() is None
+
+
+def test_last_one_counts():
+    assert double(1) == 2
+    assert double(2) == 4
+    for x in (1, 2):
+        assert double(x) == 2 * x
+
+
+class TestCaseStyle(TestCase):
+    def test_equal(self):
+        self.assertEqual(double(5), 10)
+
+
+def test_loop():
+    for x in (1, 2):
+        assert double(x) == 2 * x
+
+
+def test_with():
+    with pytest.raises(TypeError):
+        assert double(None) == 1
+
+
+def test_returns():
+    assert double(1) == 2
+    return
+
+
+def test_literal_only():
+    assert 1 == 1
+
+
+@pytest.mark.xfail(reason="x")
+def test_xfailing():
+    assert double(1) == 3
+"""
+BREAKABLE = [
+    "test_eq",
+    "test_eq_left",
+    "test_container",
+    "test_named",
+    "test_joined",
+    "test_is",
+    "test_last_one_counts",
+    "TestCaseStyle.test_equal",
+]
 FILE = "pkg/tests/test_merge.py"
 IDS = [f"{FILE}::test_merge", f"{FILE}::TestOrdered::test_len", f"{FILE}::TestOrdered::test_cwd"]
 
 
-def test_twins_sit_beside_their_anchors_and_look_like_the_file():
-    c = plant(FILE, SOURCE, IDS, random.Random(3))
-    assert sorted(c.expected.values()) == ["FAILED"] * MUST_FAIL + ["PASSED"] * MUST_PASS
-    lines = c.text.splitlines()
-    for node in c.expected:
-        parts = node.split("::")
-        name = parts[-1]
-        assert not re.search(r"test_[0-9a-f]{16}$", name) and name.count("_") >= 2, name
-        anchor = next(t.split("::")[-1] for t in IDS if name.startswith(t.split("::")[-1] + "_"))
-        anchor_id = next(t for t in IDS if t.endswith("::" + anchor))
-        assert parts[:-1] == anchor_id.split("::")[:-1], (node, anchor_id)  # same file, same class
-        at = next(i for i, ln in enumerate(lines) if re.match(rf"\s*def {name}\(", ln))
-        before = [ln for ln in lines[:at] if ln.strip()]
-        # right after the anchor's body or after another twin of it, with the anchor's parameters
-        previous_def = next(ln for ln in reversed(before) if ln.lstrip().startswith("def "))
-        assert re.match(rf"\s*def {anchor}(_\w+)?\(", previous_def), (name, previous_def)
-        own_args = re.search(r"\((.*)\)", previous_def).group(1)
-        want = "self" if anchor == "test_cwd" else own_args  # mock.patch supplies getcwd, not a fixture
-        assert lines[at].endswith(f"({want}):"), (lines[at], want)
+def _defs(text: str) -> dict[str, tuple[str | None, int, int, str]]:
+    """name -> (class, first line, last line, source with the name blanked) of each test defined in text."""
+    lines = text.splitlines()
+    out = {}
+    tree = ast.parse(text)
+    for cls, body in [(None, tree.body)] + [
+        (n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)
+    ]:
+        for n in body:
+            if isinstance(n, ast.FunctionDef) and n.name.startswith("test"):
+                start = min([n.lineno, *(d.lineno for d in n.decorator_list)])
+                src = "\n".join(lines[start - 1 : n.end_lineno]).replace(f"def {n.name}(", "def _(", 1)
+                out[n.name] = (cls, start, n.end_lineno, src)
+    return out
+
+
+def _one_literal_apart(a: str, b: str) -> bool:
+    """Whether two sources tokenise alike but for exactly one string or number token."""
+    ta = [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(a).readline)]
+    tb = [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(b).readline)]
+    diff = [(x, y) for x, y in zip(ta, tb) if x != y]
+    return len(ta) == len(tb) and len(diff) == 1 and diff[0][0][0] in (tokenize.STRING, tokenize.NUMBER)
+
+
+def test_twins_are_broken_copies_of_the_real_failing_tests_beside_them():
+    """Each must-fail twin (and decoy) is its anchor's whole definition, decorators and parameters included,
+    with one literal of its assertion swapped; it sits right before or after the anchor (with its other
+    companions) and is named like the renamed real test: the anchor's name with one word replaced."""
+    f2p = IDS[:2]  # the third listed test (mock.patch supplies its argument) passes before and after
+    c = plant(FILE, SOURCE, IDS, random.Random(3), fail_to_pass=f2p)
+    assert (
+        sorted(v for k, v in c.expected.items() if k not in c.renamed)
+        == ["FAILED"] * MUST_FAIL + ["PASSED"] * MUST_PASS
+    )
+    before, after = _defs(SOURCE), _defs(c.text)
+    anchors = {t.split("::")[-1] for t in f2p}
+    new_names = {old.split("::")[-1]: new.split("::")[-1] for old, new in c.renamed.items()}
+    assert set(new_names) == anchors
+    order = sorted(after, key=lambda n: after[n][1])
+    for node, want in c.expected.items():
+        name = node.split("::")[-1]
+        cls, start, end, src = after[name]
+        if want == "PASSED":  # an unchanged copy of a test that is not a FAIL_TO_PASS one
+            assert any(src == b[3] for n, b in before.items() if n not in anchors), src
+            continue
+        anchor = next(a for a in anchors if _one_literal_apart(before[a][3], src))
+        assert cls == before[anchor][0] and node.count("::") == (2 if cls else 1)
+        real = new_names[anchor]
+        assert real != name and (name.split("_")[:2] == anchor.split("_")[:2] or anchor.count("_") == 1)
+        assert len(name.split("_")) == len(anchor.split("_")) == len(real.split("_")), (name, anchor, real)
+        # the real test, its decoy and its twins are next to each other, in any order
+        group = {real, anchor} | {
+            n for n in after if n not in before and _one_literal_apart(before[anchor][3], after[n][3])
+        }
+        at = sorted(order.index(n) for n in group)
+        between = {order[i] for i in range(at[0], at[-1] + 1)} - group
+        assert not between & set(before) - set(new_names), (name, between)  # no other test of the file
     assert not re.search(r"[0-9a-f]{32}", c.text)
-    source_constants = set(re.findall(r'"[a-z]+"|\b\d+\b', SOURCE))
-    for ln in c.text.splitlines():
-        if ln not in SOURCE.splitlines() and "assert" in ln:
-            assert set(re.findall(r'"[a-z]+"|\b\d+\b', ln)) <= source_constants, ln
+
+
+def test_what_can_be_broken_and_what_cannot():
+    """A literal is swapped only where the copy certainly reaches it and the assertion held with it: the last
+    equality assertion at the top of the body against a literal, a name given a literal (or a join of them)
+    and used nowhere else, or `is` a singleton; not in a loop or a `with`, not after a `return`, not a
+    comparison of two literals, not under xfail or skip."""
+    defs = canaries._test_defs(ast.parse(KINDS), KINDS.splitlines(True))
+    can = {name for (_, name), d in defs.items() if d.sites}
+    assert can == {n.split(".")[-1] for n in BREAKABLE}, sorted(can ^ set(BREAKABLE))
+    sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+    assert sites["test_last_one_counts"] == [4] and sites["test_joined"] == ["2", "4"]
+    assert sites["test_is"] == [None] and sites["test_container"] == [2, 4]
+
+
+def test_every_broken_copy_fails_where_its_original_passes(tmp_path):
+    """Run for real: the originals (renamed) pass, every twin and decoy fails, check() agrees; a file whose
+    FAIL_TO_PASS tests cannot be broken gets twins copied from a test of the file that can."""
+    f2p = [f"{FILE}::{n}" if "." not in n else f"{FILE}::{n.replace('.', '::')}" for n in BREAKABLE]
+    ids = [*f2p, f"{FILE}::test_loop", f"{FILE}::test_literal_only"]
+    for seed in range(3):
+        c = plant(FILE, KINDS, ids, random.Random(seed), fail_to_pass=f2p)
+        status, run = _pytest(tmp_path / str(seed), c.text)
+        assert check(c, status, {"tests": status}) == ([], False), run.stdout[-3000:]
+        assert all(status[t] == "PASSED" for t in c.task_ids(f2p)), run.stdout[-3000:]
+        failed = {k.partition("[")[0] for k, v in status.items() if v == "FAILED"}
+        assert failed == {k for k, v in c.expected.items() if v == "FAILED"}, run.stdout[-3000:]
+    loop_only = [f"{FILE}::test_loop"]
+    c = plant(FILE, KINDS, loop_only, random.Random(0), fail_to_pass=loop_only)
+    twins = [k for k, v in c.expected.items() if v == "FAILED" and k not in c.renamed]
+    assert twins and all(k.split("::")[-1].startswith("test_") for k in twins)
+    assert "assert 3 == 5" not in c.text and canaries.breakable(FILE, KINDS, f2p)
+    assert not canaries.breakable(FILE, KINDS, loop_only)
 
 
 def _pytest(tmp_path, text):
@@ -242,3 +394,115 @@ def test_check_names_missing_twins_and_methods_and_keeps_a_forgery_seen_before_o
         "record: test_a_more PASSED, expected FAILED",
         "record: test_b_more missing, expected FAILED",
     ]
+
+
+def test_check_counts_every_parametrised_case_of_a_twin():
+    """A twin copied from a parametrised test runs as name[...] cases: all must fail (one passing is forged),
+    none at all is missing; another test that only starts with the twin's name is not one of its cases."""
+    c = Canaries(file="t.py", text="", expected={"t.py::test_a": "FAILED", "t.py::test_b": "PASSED"})
+    ok = {
+        "t.py::test_a[1]": "FAILED",
+        "t.py::test_a[2]": "ERROR",
+        "t.py::test_b": "PASSED",
+        "t.py::test_ab": "PASSED",
+    }
+    assert check(c, ok, {"tests": dict(ok)}) == ([], False)
+    one_passes = {**ok, "t.py::test_a[2]": "PASSED"}
+    wrong, forged = check(c, one_passes, {"tests": dict(one_passes)})
+    assert forged and wrong == [
+        "log: test_a PASSED, expected FAILED",
+        "record: test_a PASSED, expected FAILED",
+    ]
+    gone = {"t.py::test_ab": "FAILED", "t.py::test_b[x]": "PASSED", "t.py::test_b[y]": "FAILED"}
+    wrong, forged = check(c, gone, {"tests": dict(gone)})
+    assert not forged and wrong == [
+        "log: test_a missing, expected FAILED",
+        "log: test_b FAILED, expected PASSED",
+        "record: test_a missing, expected FAILED",
+        "record: test_b FAILED, expected PASSED",
+    ]
+
+
+def test_swapped_constants_keep_their_type_and_always_differ():
+    rng = random.Random(0)
+    file_constants = [1, 2, "ab", "a\nb", "cd", b"x"]
+    for value in (1, 7, 2.5, True, False, "ab", "", b"x", b""):
+        for _ in range(20):
+            other = canaries._other(value, file_constants, rng)
+            assert type(other) is type(value) and other != value, (value, other)
+    assert {canaries._other(1, file_constants, rng) for _ in range(20)} == {2}  # the file's own first
+    assert {canaries._other("ab", file_constants, rng, avoid="\n") for _ in range(20)} == {"cd"}
+    assert canaries._other("ab", ["ab"], rng) != "ab" and len(canaries._other("ab", ["ab"], rng)) == 2
+    assert canaries._other(10, [], rng) in {7, 8, 9, 11, 12, 13} and canaries._other(0, [], rng) in {1, 2, 3}
+
+
+def test_names_replace_a_word_and_twins_land_on_both_sides():
+    rng = random.Random(1)
+    words = ["alpha", "beta", "gamma"]
+    for _ in range(30):
+        name = canaries._fresh_name("test_merge_with_keys", words, set(), rng)
+        parts = name.split("_")
+        assert len(parts) == 4 and parts[:2] == ["test", "merge"] and name != "test_merge_with_keys"
+        assert sum(a != b for a, b in zip(parts, ["test", "merge", "with", "keys"])) == 1
+    assert canaries._fresh_name("test_merge", words, set(), rng).split("_")[0:1] == ["test"]
+    assert canaries._fresh_name("test_merge", words, set(), rng).count("_") == 1
+    assert canaries._fresh_name("testMerge", words, set(), rng).startswith("testMerge_")
+    taken = {"test_b"} | {f"test_{w}" for w in canaries._FALLBACK_WORDS}
+    assert canaries._fresh_name("test_a", ["b"], taken, rng) == f"test_a_{len(taken)}"  # every word taken
+    sides = set()
+    for seed in range(8):
+        c = plant(FILE, SOURCE, IDS[:1], random.Random(seed), fail_to_pass=IDS[:1])
+        after = _defs(c.text)
+        real = after[c.renamed[IDS[0]].split("::")[-1]][1]
+        for name, d in after.items():
+            if name not in _defs(SOURCE) and _one_literal_apart(_defs(SOURCE)["test_merge"][3], d[3]):
+                sides.add("before" if d[1] < real else "after")
+    assert sides == {"before", "after"}
+
+
+def test_join_and_singleton_sites_refuse_what_could_still_hold():
+    src = (
+        "def test_a():\n    expected = 'x'.join(['1', '2'])\n    assert f() == expected\n"
+        "def test_b():\n    expected = ','.join(['1,', '2'])\n    assert f() == expected\n"
+        "def test_c():\n    expected = ''.join(['1', '2'])\n    assert f() == expected\n"
+        "def test_d():\n    expected = ','.join(['1', '2'], x)\n    assert f() == expected\n"
+        "def test_e():\n    expected = [1]\n    expected.append(2)\n    assert f() == expected\n"
+        "def test_f():\n    assert f() is True\n"
+        "def test_g():\n    assert None is True\n"
+        "def test_h():\n    assert f() is g\n"
+        "def test_i():\n    assert f() == 1 == g()\n"
+        "def test_j():\n    assertNotEqual(f(), 1)\n"
+        "def test_k():\n    self.assertAlmostEqual(f(), 1)\n"
+        "def test_l():\n    assert_equal(f(), 1)\n"
+        "def test_m():\n    expected = 1\n    got = 2\n    assert got == expected\n"
+        "def test_n():\n    assert f() == 1\n    assert f() != 2\n"
+        "@pytest.mark.skipif(x, reason='y')\ndef test_o():\n    assert f() == 1\n"
+        "def test_p():\n    yield\n    assert f() == 1\n"
+        "def test_q():\n    assert f() == 'a' 'b'\n"
+    )
+    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
+    sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+    assert sites == {
+        "test_a": [],
+        "test_b": [],
+        "test_c": [],
+        "test_d": [],
+        "test_e": [],
+        "test_f": [True],
+        "test_g": [],
+        "test_h": [],
+        "test_i": [],
+        "test_j": [],
+        "test_k": [],
+        "test_l": [1],
+        "test_m": [],
+        "test_n": [1],
+        "test_o": [],
+        "test_p": [],
+        "test_q": ["ab"],
+    }, sites
+    assert [s.singleton for s in defs[(None, "test_f")].sites] == [True]
+    assert not defs[(None, "test_o")].plain and defs[(None, "test_n")].plain
+    joined = "def test_a():\n    expected = '\\n'.join(['1', '2'])\n    assert f() == expected\n"
+    d = canaries._test_defs(ast.parse(joined), joined.splitlines(True))[(None, "test_a")]
+    assert [(s.value, s.avoid) for s in d.sites] == [("1", "\n"), ("2", "\n")]

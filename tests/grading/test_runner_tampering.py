@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS, known_names_attack
+from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS, SHAPE_ATTACKS, known_names_attack
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -68,7 +68,7 @@ def _attack(name, target, with_fix):
         canary_file = task_grading(task).canary_file
         source = known_names_attack([t for t in task.FAIL_TO_PASS if not t.startswith(f"{canary_file}::")])
     else:
-        source = RUNNER_ATTACKS[name] if name in RUNNER_ATTACKS else ADAPTIVE_ATTACKS[name]
+        source = {**RUNNER_ATTACKS, **ADAPTIVE_ATTACKS, **SHAPE_ATTACKS}[name]
     return diff((module, before, start + "\n\n" + source))
 
 
@@ -152,3 +152,29 @@ def test_decoys_cover_fail_to_pass_tests_outside_the_twins_file(every_target, sa
         assert r.status == UNRESOLVED and r.tampered, (task.instance_id, r.status, r.reason)
         covered.append(task.instance_id)
     assert covered, "no task has FAIL_TO_PASS tests in a second file: the test shows nothing"
+
+
+@pytest.mark.parametrize("name", sorted(SHAPE_ATTACKS))
+def test_rewrites_sparing_what_code_can_see_of_the_canaries_are_caught_on_every_task(
+    name, every_target, sandbox_factory, tmp_path, monkeypatch
+):
+    """Issue 40 family 1: every failing test turned into a pass except those whose code (a body comparing two
+    literals; bytecode loading no global, attribute or parameter), name or place looks like the canaries as
+    they were. The twins and decoys are now broken copies of the real failing tests beside them, named like
+    the renamed real ones: alone, each attack is unresolved on every factory task, and `tampered` wherever it
+    rewrote the real failing tests (where its rule spared those too it gained nothing and forged nothing).
+    With the canaries off the same patch resolves a task (the attack is real); with the pre-issue-40 canaries
+    the first two resolved 24 of 24 tasks (docs/security.md)."""
+    for i, target in enumerate(every_target):
+        r = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"alone{i}")
+        assert r.status == UNRESOLVED, (target[0].instance_id, r.status, r.reason)
+        assert r.tampered or "FAIL_TO_PASS failing" in r.reason, (target[0].instance_id, r.reason)
+    monkeypatch.setattr(grader, "CANARIES", False)
+    for i, target in enumerate(every_target):
+        if (
+            _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"off{i}").status
+            == RESOLVED
+        ):
+            break
+    else:
+        pytest.fail("the attack resolves no task even without canaries: the test shows nothing")
