@@ -68,6 +68,11 @@ class Canaries:
     """pytest node id (without parameters: every parametrised case of it counts) -> "FAILED" or "PASSED"."""
     renamed: dict[str, str] = field(default_factory=dict)
     """Renamed FAIL_TO_PASS tests: "file[::Class]::old" -> "file[::Class]::new" (parameters not included)."""
+    copies: dict[str, str] = field(default_factory=dict)
+    """Must-fail id -> id (as run in this grading) of the task's test it is a broken copy of."""
+    stand_ins: set[str] = field(default_factory=set)
+    """Must-fail ids that are not a copy of the test beside them (a stand-in from another test, or two
+    constants compared): the ones whose code can differ from the real failing tests'."""
     _back: tuple[dict[str, str], Any] | None = field(default=None, init=False, repr=False, compare=False)
     """original_text()'s compiled pattern, and the renames it was made for."""
 
@@ -75,6 +80,8 @@ class Canaries:
         """Take in the decoys planted in another file (plant(..., twins=False))."""
         self.expected.update(other.expected)
         self.renamed.update(other.renamed)
+        self.stand_ins |= other.stand_ins
+        self.copies.update(other.copies)
 
     def task_id(self, test_id: str) -> str:
         """The id a task's test runs under in this grading (renamed tests get their new name)."""
@@ -161,6 +168,8 @@ def plant(
     taken = set(re.findall(r"\b\w+\b", source))
     inserts: dict[int, list[str]] = {}
     expected: dict[str, str] = {}
+    stand_ins: set[str] = set()
+    copied: dict[str, tuple[str | None, str]] = {}  # must-fail id -> (class, name) of the test it copies
 
     def fresh(base: str) -> str:
         taken.add(name := _fresh_name(base, words, taken, rng))
@@ -188,11 +197,16 @@ def plant(
     def must_fail(d: _Def, name: str) -> str:
         """A must-fail test under `name` beside `d`: d broken, else another listed test of its class broken,
         else two different constants compared."""
+        node = "::".join(p for p in (file, d.cls, name) if p)
         if d.sites:
+            copied[node] = (d.cls, d.name)
             return broken(d, name)
+        stand_ins.add(node)
         same_scope = [e for e in listed if e.cls == d.cls and e.sites]
         if same_scope:
-            return broken(rng.choice(same_scope), name)
+            template = rng.choice(same_scope)
+            copied[node] = (template.cls, template.name)
+            return broken(template, name)
         return literal_body(d, name, equal=False)
 
     if twins:
@@ -210,6 +224,7 @@ def plant(
             if anchor is None:
                 base = rng.choice(sorted(defs, key=str) or [("", "test")])[-1]
                 name = fresh(base)
+                stand_ins.add(f"{file}::{name}")
                 inserts.setdefault(len(lines), []).append("\n\n" + literal_body(None, name, want == "PASSED"))
             else:
                 name = fresh(anchor.name)
@@ -238,7 +253,17 @@ def plant(
             out.extend(inserts.get(0, []))
         out.append(line)
         out.extend(inserts.get(i + 1, []))
-    return Canaries(file=file, text="".join(out), expected=expected, renamed=renamed)
+    stand_ins = {
+        k for k in stand_ins if expected.get(k) == "FAILED"
+    }  # only checked ones (decoys: FAIL_TO_PASS)
+    copies = {}
+    for node, (cls, name) in copied.items():
+        original = "::".join(p for p in (file, cls, name) if p)
+        if expected.get(node) == "FAILED":
+            copies[node] = renamed.get(original, original)
+    return Canaries(
+        file=file, text="".join(out), expected=expected, renamed=renamed, stand_ins=stand_ins, copies=copies
+    )
 
 
 def breakable(file: str, source: str, fail_to_pass: list[str]) -> bool:

@@ -222,12 +222,23 @@ def test_every_broken_copy_fails_where_its_original_passes(tmp_path):
         assert all(status[t] == "PASSED" for t in c.task_ids(f2p)), run.stdout[-3000:]
         failed = {k.partition("[")[0] for k, v in status.items() if v == "FAILED"}
         assert failed == {k for k, v in c.expected.items() if v == "FAILED"}, run.stdout[-3000:]
+        must_fail = {k for k, v in c.expected.items() if v == "FAILED"}
+        assert (
+            not c.stand_ins and set(c.copies) == must_fail and set(c.copies.values()) <= set(c.task_ids(f2p))
+        )
     loop_only = [f"{FILE}::test_loop"]
-    c = plant(FILE, KINDS, loop_only, random.Random(0), fail_to_pass=loop_only)
-    twins = [k for k, v in c.expected.items() if v == "FAILED" and k not in c.renamed]
-    assert twins and all(k.split("::")[-1].startswith("test_") for k in twins)
-    assert "assert 3 == 5" not in c.text and canaries.breakable(FILE, KINDS, f2p)
-    assert not canaries.breakable(FILE, KINDS, loop_only)
+    module_level = [t for t in f2p if t.count("::") == 1]
+    c = plant(FILE, KINDS, [*loop_only, *module_level], random.Random(0), fail_to_pass=loop_only)
+    must_fail = {k for k, v in c.expected.items() if v == "FAILED"}
+    assert (
+        c.stand_ins == must_fail
+        and set(c.copies) == must_fail
+        and set(c.copies.values()) <= set(module_level)
+    )
+    originals, after = _defs(KINDS), _defs(c.text)
+    for k in must_fail:  # stand-ins: broken copies of a module-level test that can be broken
+        assert _one_literal_apart(originals[c.copies[k].split("::")[-1]][3], after[k.split("::")[-1]][3]), k
+    assert canaries.breakable(FILE, KINDS, f2p) and not canaries.breakable(FILE, KINDS, loop_only)
 
 
 def _pytest(tmp_path, text):
