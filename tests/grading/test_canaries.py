@@ -517,3 +517,104 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
     joined = "def test_a():\n    expected = '\\n'.join(['1', '2'])\n    assert f() == expected\n"
     d = canaries._test_defs(ast.parse(joined), joined.splitlines(True))[(None, "test_a")]
     assert [(s.value, s.avoid) for s in d.sites] == [("1", "\n"), ("2", "\n")]
+
+
+RENAMED = [
+    f"{FILE}::test_merge",
+    f"{FILE}::TestOrdered::test_len",
+    f"{FILE}::test_count[2]",
+    f"{FILE}::TestSub::test_inherited",
+    f"{FILE}::TestBase::test_shared",
+    f"{FILE}::TestDerived::test_shared",
+]
+
+
+def test_renames_reach_owners_and_every_subclass_without_running_pytest():
+    """The static half of the test above (fast, for the mutation check): who is renamed, under which ids, and
+    which decoys are checked; a test whose name the file uses elsewhere, or that it does not define, keeps it."""
+    for seed in range(3):
+        kept = [f"{FILE}::test_merge_with_empty", f"{FILE}::test_absent", f"{FILE}::TestNone::test_x"]
+        c = plant(FILE, SOURCE_WITH_HELPER, RENAMED, random.Random(seed), fail_to_pass=[*RENAMED, *kept])
+        bases = sorted(t.partition("[")[0] for t in RENAMED)
+        assert sorted(c.renamed) == sorted([*bases, f"{FILE}::MergeChecks::test_inherited"])
+        derived, base = c.task_id(RENAMED[5]), c.task_id(RENAMED[4])
+        assert (
+            derived.split("::")[:2] == [FILE, "TestDerived"]
+            and derived.split("::")[-1] == base.split("::")[-1]
+        )
+        assert sorted(k for k, v in c.expected.items() if k in c.renamed) == bases
+        assert all(c.expected[old] == "FAILED" for old in bases) and c.task_ids(kept) == kept
+        graded = c.task_ids(RENAMED)
+        assert all(g != t and g.split("::")[:-1] == t.split("::")[:-1] for g, t in zip(graded, RENAMED))
+        assert graded[2].endswith("[2]") and c.original_ids(graded) == RENAMED
+        for old, new in c.renamed.items():  # the real test now runs under its new name; a decoy under the old
+            cls_new, cls_old = _defs(c.text)[new.split("::")[-1]][0], _defs(c.text)[old.split("::")[-1]][0]
+            assert cls_new == cls_old
+        twins = {k for k, v in c.expected.items() if v == "FAILED" and k not in c.renamed}
+        assert twins <= set(c.copies) and set(c.copies.values()) <= set(c.renamed.values())
+        tree = ast.parse(c.text)  # the file still parses, every renamed def exactly once
+        names = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        assert all(names.count(new.split("::")[-1]) == 1 for new in c.renamed.values())
+
+
+NOTHING_TO_COPY = """\
+import pytest
+
+
+class TestLoops:
+    def test_a(self, tmp_path):
+        for x in (1, 2):
+            assert x + 1 == x + 1
+
+    @pytest.mark.usefixtures("tmp_path")
+    def test_b(self):
+        for x in ("ab", "cd"):
+            assert x
+
+
+def test_c(tmp_path, capsys):
+    for x in (7, 8):
+        assert x
+"""
+
+
+def test_where_nothing_can_be_copied_twins_compare_two_of_the_files_constants_with_the_anchors_parameters():
+    ids = ["t.py::TestLoops::test_a", "t.py::TestLoops::test_b", "t.py::test_c"]
+    for seed in range(4):
+        c = plant("t.py", NOTHING_TO_COPY, ids, random.Random(seed), fail_to_pass=ids)
+        assert c.stand_ins == {k for k, v in c.expected.items() if v == "FAILED"} and not c.copies
+        defs = {n.name: n for n in ast.walk(ast.parse(c.text)) if isinstance(n, ast.FunctionDef)}
+        for node, want in c.expected.items():
+            fn = defs[node.split("::")[-1]]
+            args = [x.arg for x in fn.args.args]
+            in_class = (
+                node.count("::") == 2
+            )  # the anchor's parameters (only self where a decorator supplies more)
+            assert args in ([["self"], ["self", "tmp_path"]] if in_class else [["tmp_path", "capsys"]]), (
+                node,
+                args,
+            )
+            assert len(fn.body) == 1 and isinstance(fn.body[0], ast.Assert)
+            left, right = fn.body[0].test.left.value, fn.body[0].test.comparators[0].value
+            assert type(left) is type(right) and (left == right) == (want == "PASSED"), (node, left, right)
+            assert {left, right} <= {1, 2, "ab", "cd", 7, 8, "tmp_path"} | set(canaries._FALLBACK_CONSTANTS)
+
+
+def test_the_files_constants_are_small_ints_and_short_printable_strings_at_most_64():
+    src = (
+        "x = ["
+        + ", ".join(str(i) for i in range(100))
+        + "]\ny = ('a', 'a' * 17, 'b\\n', True, 2.5, 10**7, '')\n"
+    )
+    got = canaries._constants(ast.parse(src))
+    assert len(got) == canaries.MAX_CONSTANTS and got[:3] == [0, 1, 2]
+    small = canaries._constants(
+        ast.parse("y = ('a', 'a' * 17, 'b\\n', True, 2.5, 10**7, '', -3, 999999, 1000000)\n")
+    )
+    assert sorted(map(str, small)) == sorted(map(str, ["a", 17, 10, 7, 3, 999999])), small
+    assert canaries._literal("ab", '"') == '"ab"' and canaries._literal("ab", "'") == "'ab'"
+    assert canaries._literal('a"b', '"') == "'a\"b'" and canaries._literal(3, '"') == "3"
+    assert canaries._words({(None, "test_merge_with"): 0, (None, "test_x_y_z"): 0}) == sorted(
+        ["merge", "with", "x", "y", "z"]
+    )
+    assert set(canaries._words({(None, "test_merge"): 0})) == {"merge", *canaries._FALLBACK_WORDS}
