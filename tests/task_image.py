@@ -34,6 +34,9 @@ from pathlib import Path
 
 from swe_megatron.tasks.plan import sif_name
 
+FAKE_APPTAINER = Path(__file__).resolve().parent / "fake_apptainer"
+"""The stand-in apptainer (tests/fake_apptainer): first on PATH, `apptainer` runs folder images."""
+
 ENV = "/opt/miniconda3/envs/testbed"
 ACTIVATE = """\
 # conda's activate, as far as SWE-bench's eval scripts use it (a test image: no conda package is installable here)
@@ -185,3 +188,36 @@ def rebench_row(task) -> dict:
         "docker_image": image_name(task, "swe-rebench"),
         "image_name": image_name(task, "swe-rebench"),
     }
+
+
+def grade_patches_in_images(row: dict, patches: dict[str, str], tmp_path: Path, sandbox: list[str]) -> dict:
+    """`swe-megatron grade --sandbox apptainer` (the stand-in apptainer first on PATH) on one row per named patch
+    (instance ids ROW-NAME); returns the report with `name`, instance id -> patch name."""
+    import os
+
+    import pytest
+
+    from swe_megatron.cli import main
+
+    rows, preds, out = tmp_path / "rows.jsonl", tmp_path / "preds.jsonl", tmp_path / "report.json"
+    ids = {n: f"{row['instance_id']}-{n}" for n in patches}
+    rows.write_text("".join(json.dumps({**row, "instance_id": ids[n]}) + "\n" for n in patches))
+    preds.write_text("".join(json.dumps({"instance_id": ids[n], "model_name_or_path": "m", "model_patch": p}) + "\n"
+                             for n, p in patches.items()))  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{FAKE_APPTAINER}{os.pathsep}{os.environ['PATH']}")
+        argv = [
+            "grade",
+            "--tasks",
+            str(rows),
+            "--predictions",
+            str(preds),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+        ]
+        assert main([*argv, "--sandbox", "apptainer", *sandbox]) == 0
+    report = json.loads(out.read_text())
+    report["name"] = {i: n for n, i in ids.items()}
+    return report

@@ -7,17 +7,15 @@ naming parse_log_django, graded by `swe-megatron grade` on the apptainer backend
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
-from task_image import build_image, swebench_row
+from task_image import build_image, grade_patches_in_images, swebench_row
 from tiny_task import diff
 
-from swe_megatron.cli import main
 from swe_megatron.tasks.factory.errors import LibraryUnusable
 from swe_megatron.tasks.load import load_tasks_for_command
 
@@ -94,29 +92,8 @@ def test_grade_runtests_with_swebench_django_parser(django_image, tmp_path):
         "runner": harmless + diff(("tests/runtests.py", runtests, "#!/usr/bin/env python\n" + fake_ok)),
         "forged_log": diff((module, text, text + FORGE)),
     }
-    rows, preds = tmp_path / "rows.jsonl", tmp_path / "preds.jsonl"
-    rows.write_text(
-        "".join(json.dumps({**row, "instance_id": f"{row['instance_id']}-{n}"}) + "\n" for n in patches)
-    )
-    preds.write_text("".join(json.dumps({"instance_id": f"{row['instance_id']}-{n}", "model_name_or_path": "m",
-                                         "model_patch": p}) + "\n" for n, p in patches.items()))  # fmt: skip
-    out = tmp_path / "report.json"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", f"{FAKE}{os.pathsep}{os.environ['PATH']}")
-        argv = [
-            "grade",
-            "--tasks",
-            str(rows),
-            "--predictions",
-            str(preds),
-            "--out",
-            str(out),
-            "--workers",
-            "2",
-        ]
-        assert main([*argv, "--sandbox", "apptainer", *sandbox]) == 0
-    report = json.loads(out.read_text())
-    name = {f"{row['instance_id']}-{n}": n for n in patches}
+    report = grade_patches_in_images(row, patches, tmp_path, sandbox)
+    name = report["name"]
     assert sorted(name[i] for i in report["resolved_ids"]) == ["forged_log", "gold"], report
     assert sorted(name[i] for i in report["unresolved_ids"]) == ["edit_tests", "runner"], report
     assert [name[i] for i in report["empty_patch_ids"]] == ["empty"] and report["error_ids"] == []

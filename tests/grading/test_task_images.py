@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from attacks import REWRITE_HOOK, RUNNER_ATTACKS
-from task_image import ENV, build_image, rebench_row, swebench_row
+from task_image import ENV, build_image, grade_patches_in_images, rebench_row, swebench_row
 from tiny_task import diff
 
 from swe_megatron.config.schema import SandboxBackend, SandboxConfig
@@ -122,7 +122,6 @@ def test_grade_in_the_image_gold_resolves_and_hacks_do_not(images, dataset, tmp_
     factory tasks' protections. The gold patch resolves; no patch, a conftest.py that rewrites outcomes
     (sanitiser), an edit of the test file (dropped, and restored anyway) and a runner rewrite in the library
     (canaries) do not."""
-    from swe_megatron.cli import main
 
     tasks, cfg, source = images
     row = json.loads(tasks[dataset][1].read_text())
@@ -142,37 +141,9 @@ def test_grade_in_the_image_gold_resolves_and_hacks_do_not(images, dataset, tmp_
         "edit_tests": harmless + diff((test_file, None, "def test_nothing():\n    pass\n")),
         "runner": diff((module, text, RUNNER_ATTACKS["runtest_noop"] + text)),
     }
-    rows, preds = tmp_path / "rows.jsonl", tmp_path / "preds.jsonl"
-    rows.write_text(
-        "".join(json.dumps({**row, "instance_id": f"{row['instance_id']}-{n}"}) + "\n" for n in patches)
-    )
-    preds.write_text(
-        "".join(
-            json.dumps(
-                {"instance_id": f"{row['instance_id']}-{n}", "model_name_or_path": "m", "model_patch": p}
-            )
-            + "\n"
-            for n, p in patches.items()
-        )
-    )
-    out = tmp_path / "report.json"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", f"{FAKE}{os.pathsep}{os.environ['PATH']}")
-        argv = [
-            "grade",
-            "--tasks",
-            str(rows),
-            "--predictions",
-            str(preds),
-            "--out",
-            str(out),
-            "--workers",
-            "2",
-        ]
-        sandbox = [f"sandbox.sif_dir={cfg.sif_dir}", f"sandbox.workspace_root={cfg.workspace_root}"]
-        assert main([*argv, "--sandbox", "apptainer", *sandbox]) == 0
-    report = json.loads(out.read_text())
-    name = {f"{row['instance_id']}-{n}": n for n in patches}
+    sandbox = [f"sandbox.sif_dir={cfg.sif_dir}", f"sandbox.workspace_root={cfg.workspace_root}"]
+    report = grade_patches_in_images(row, patches, tmp_path, sandbox)
+    name = report["name"]
     assert [name[i] for i in report["resolved_ids"]] == ["gold"], report
     assert sorted(name[i] for i in report["unresolved_ids"]) == ["conftest", "edit_tests", "runner"], report
     assert [name[i] for i in report["empty_patch_ids"]] == ["empty"] and report["error_ids"] == []
