@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).register(sub)
+    for command in sub.choices.values():  # `eval --run DIR` is not `--runs`: a prefix is no option of its own
+        command.allow_abbrev = False
     return parser
 
 

@@ -44,6 +44,9 @@ def test_overrides_after_options(argv):
         ["run", "embedded", "--bogus"],
         ["plan", "paper-72b", "a=1"],  # plan takes a preset but no overrides
         ["make-tasks", "--out", "d", "seed=1"],
+        # a prefix of another option is not that option: `eval --run DIR` said "argument --runs: invalid int value"
+        ["eval", "embedded", "--checkpoint", "c", "--tasks", "t", "--run"],
+        ["grade", "--tasks", "t", "--predictions", "p", "--work"],  # not --workers
     ],
 )
 def test_unknown_arguments_are_still_refused(argv, capsys):
