@@ -61,8 +61,13 @@ def _differences(key: str, a: Any, b: Any) -> list[str]:
 
 
 def resume_conflicts(old: dict, new: dict, started_stages: list[str]) -> list[str]:
-    """Human-readable differences between two resolved configs that break a resume (empty: compatible)."""
+    """Human-readable differences between two resolved configs that break a resume (empty: compatible). A stage
+    that a later stage of the schedule has followed keeps its iterations (more would train it after its successor)."""
     keys = [*RESUME_KEYS, *(f"{stage}.{key}" for stage in started_stages for key in STAGE_RESUME_KEYS)]
+    schedule = old.get("schedule") or []
+    keys += [
+        f"{s}.iterations" for i, s in enumerate(schedule) if set(schedule[i + 1 :]) & set(started_stages)
+    ]
     return [d for key in keys for d in _differences(key, _get(old, key), _get(new, key))]
 
 

@@ -70,6 +70,22 @@ def test_resume_conflicts_name_the_keys():
     assert resume_conflicts(old, new, []) == ["model.hidden_size: 64 -> 128", "seed: 0 -> 1"]  # not the dicts
 
 
+def test_a_stage_a_later_stage_followed_keeps_its_iterations():
+    """More stage-1 iterations on a run already in stage 2 would train stage 1 again after stage 2 (and after its
+    eval); growing the stage the run is in, or one not yet started, is a plain extension."""
+    old = {
+        "schedule": ["rft", "stage1", "stage2", "eval"],
+        "stage1": {"iterations": 4},
+        "stage2": {"iterations": 2},
+    }
+    new = json.loads(json.dumps(old))
+    new["stage1"]["iterations"], new["stage2"]["iterations"] = 5, 3
+    assert resume_conflicts(old, new, ["init", "rft", "stage1"]) == []
+    assert resume_conflicts(old, new, ["init", "rft", "stage1", "stage2"]) == ["stage1.iterations: 4 -> 5"]
+    assert resume_conflicts(old, new, ["rft", "stage1", "stage2", "eval"]) == [
+        "stage1.iterations: 4 -> 5", "stage2.iterations: 2 -> 3"]  # fmt: skip
+
+
 def _t(task, k, resolved, infra=False):
     return Trajectory(
         task,
