@@ -12,20 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from rows import MINIMAL_ROW
 
 from swe_megatron.cli import main
 from swe_megatron.pipeline.run_dir import committed_note
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW = {
-    "instance_id": "lib__x-1",
-    "repo": "lib/x",
-    "base_commit": "0" * 40,
-    "patch": "",
-    "problem_statement": "p",
-    "FAIL_TO_PASS": ["t::a"],
-    "PASS_TO_PASS": [],
-}
+ROW = MINIMAL_ROW
 
 
 def _error(capsys, argv: list[str]) -> str:

@@ -7,20 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from rows import MINIMAL_ROW
 
 from swe_megatron.cli import main
 from swe_megatron.engine import vllm_server
 
-ROW = {
-    "instance_id": "lib__x-1",
-    "repo": "lib/x",
-    "base_commit": "0" * 40,
-    "patch": "",
-    "problem_statement": "p",
-    "FAIL_TO_PASS": ["t::a"],
-    "PASS_TO_PASS": [],
-    "test_cmd": "pytest",
-}
+ROW = {**MINIMAL_ROW, "test_cmd": "pytest"}
 
 
 @pytest.mark.parametrize("log_line", ["", "OSError: [Errno 98] Address already in use"])
