@@ -331,6 +331,17 @@ def _grade_in_sandbox(
         if run.apply_failed:
             return done(UNRESOLVED, run.apply_failed, timings=run.timings, **common)
         resolved, tests_status, reason, tampered = _decide_run(task, tg, run, patch)
+        if (
+            tampered
+            and run.canaries is not None
+            and not _decide_run(task, tg, run, patch, run.canaries.ids())[3]
+        ):
+            # Flagged only for must-fail canaries reported passing (the run claimed no success). One can pass for
+            # an honest patch that leaves the bug: the unfixed library may return the constant it expects. Those
+            # that pass without the patch too are no sign of forging.
+            excused = _passing_without_patch(task, tg, run, sandbox_factory, limits, done.logs / "baseline")
+            if excused:
+                resolved, tests_status, reason, tampered = _decide_run(task, tg, run, patch, excused)
     except Exception as e:
         kind, what = _failure(e, done.logs)
         outside, control = isinstance(e, SandboxServerLost), None
@@ -394,10 +405,11 @@ def _empty_reason(clean: Any) -> str:
 
 
 def _decide_run(
-    task: Task, tg: TaskGrading, run: _Run, patch: str
+    task: Task, tg: TaskGrading, run: _Run, patch: str, excused: frozenset[str] = frozenset()
 ) -> tuple[bool, dict[str, Any] | None, str, bool]:
     """swebench's decision on the run's log and record, overruled by wrong canaries: (resolved, tests_status,
-    reason, tampered); tampered when the canaries came out wrong and the run claimed success or was forged."""
+    reason, tampered); tampered when the canaries came out wrong and the run claimed success or was forged
+    (a must-fail canary reported passing, unless `excused`: it passes without the patch too)."""
     if run.canaries is None:
         return (*decide(task, tg, run.log_path, run.record, patch), False)
     c = run.canaries  # the renamed FAIL_TO_PASS tests are graded under their names in this run
@@ -408,11 +420,32 @@ def _decide_run(
     if c.renamed:
         tests_status = _original_ids(tests_status, c)
         reason = c.original_text(reason)
-    wrong, forged = canary_tests.check(c, _log_status(task, tg, run.log_path), run.record)
+    wrong, forged = canary_tests.check(c, _log_status(task, tg, run.log_path), run.record, excused)
     tampered = bool(wrong) and (resolved or forged)
     if tampered:
         reason = "the harness's canary tests came out wrong: " + "; ".join(wrong)
     return resolved and not wrong, tests_status, reason, tampered
+
+
+def _passing_without_patch(
+    task: Task, tg: TaskGrading, run: _Run, sandbox_factory: SandboxFactory, limits: _Limits, logs: Path
+) -> frozenset[str]:
+    """The must-fail canaries of `run` that also pass on the unpatched repository: the same canary files run
+    with an empty patch in a fresh sandbox (no model content: its outcomes are the library's own). Empty when
+    that run fails in any way (the flag then stands)."""
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        base = _SandboxRun(task, tg, logs, limits, replant=(run.canaries, run.planted)).run(
+            sandbox_factory, ""
+        )
+        passing = canary_tests.passing_must_fail(
+            run.canaries, _log_status(task, tg, base.log_path), base.record
+        )
+    except Exception:  # noqa: BLE001 - no evidence either way: the patch's run decides alone
+        _write_text(logs.parent / "baseline_error.txt", traceback.format_exc())
+        return frozenset()
+    run.timings["baseline"] = round(sum(base.timings.values()), 4)
+    return frozenset(passing)
 
 
 def _original_ids(tests_status: dict[str, Any] | None, c: Canaries) -> dict[str, Any] | None:
@@ -481,6 +514,8 @@ class _Run:
     record: dict[str, Any] | None = None
     record_problem: str | None = None
     canaries: Canaries | None = None
+    planted: dict[str, str] = field(default_factory=dict)
+    """Test file -> its text with the canaries, as written over it for this run."""
     timed_out: bool = False
     held: bool = False
     timings: dict[str, float] = field(default_factory=dict)
@@ -510,8 +545,16 @@ class _SandboxRun:
     """One grading in a fresh sandbox: stage the harness files, apply the patch, restore the tests, add the
     canaries, run the tests, and return what the host needs to decide (`run`)."""
 
-    def __init__(self, task: Task, tg: TaskGrading, logs: Path, limits: _Limits):
-        self.task, self.tg, self.logs, self.limits = task, tg, logs, limits
+    def __init__(
+        self,
+        task: Task,
+        tg: TaskGrading,
+        logs: Path,
+        limits: _Limits,
+        replant: tuple[Canaries, dict[str, str]] | None = None,
+    ):
+        """replant: the canaries and canaried file texts of an earlier run, planted again instead of new ones."""
+        self.task, self.tg, self.logs, self.limits, self.replant = task, tg, logs, limits, replant
         self.workdir = tg.spec.workdir.rstrip("/")
         self.rel = f"{GRADE_DIR}/{secrets.token_hex(8)}"
         self.d = f"{self.workdir}/{self.rel}"
@@ -621,6 +664,28 @@ class _SandboxRun:
         of the test file to diff against (the lines only the canaried file has are the twins)."""
         if not (CANARIES and self.tg.canary_file):
             return
+        if self.replant is not None:
+            canaries, texts = self.replant
+        else:
+            canaries, texts = self._plant()
+        self.result.canaries, self.result.planted = canaries, texts
+        commands = []  # each file rewritten in place, keeping its modification time; one step for all
+        for i, (target, text) in enumerate(texts.items()):
+            copy, target = f"{self.d}/canaried-{i}", shlex.quote(target)
+            self.sandbox.write_file(f"{self.rel}/canaried-{i}", text.encode("utf-8"))
+            commands.append(f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target}")
+        res = self._step(
+            " && ".join([*commands, f"rm -f {self.d}/canaried-* {self.d}/test.diff"]),
+            "planting the canary tests",
+        )
+        if res.exit_code != 0:
+            raise GradingInfraError(
+                f"cannot plant the canary tests in {', '.join(texts)}: {_text(res.output)[-400:]}"
+            )
+
+    def _plant(self) -> tuple[Canaries, dict[str, str]]:
+        """New canaries for this grading (canaries.plant): the twins in the first test file where a FAIL_TO_PASS
+        test can be copied and broken, decoys in every file holding FAIL_TO_PASS tests; with each file's text."""
         file = self.tg.canary_file
         try:
             source = self.sandbox.read_file(file).decode("utf-8")
@@ -659,20 +724,7 @@ class _SandboxRun:
             elif planted.renamed:
                 texts[target] = planted.text
                 canaries.add(planted)
-        self.result.canaries = canaries
-        commands = []  # each file rewritten in place, keeping its modification time; one step for all
-        for i, (target, text) in enumerate(texts.items()):
-            copy, target = f"{self.d}/canaried-{i}", shlex.quote(target)
-            self.sandbox.write_file(f"{self.rel}/canaried-{i}", text.encode("utf-8"))
-            commands.append(f"touch -r {target} {copy} && cat {copy} > {target} && touch -r {copy} {target}")
-        res = self._step(
-            " && ".join([*commands, f"rm -f {self.d}/canaried-* {self.d}/test.diff"]),
-            "planting the canary tests",
-        )
-        if res.exit_code != 0:
-            raise GradingInfraError(
-                f"cannot plant the canary tests in {', '.join(texts)}: {_text(res.output)[-400:]}"
-            )
+        return canaries, texts
 
     def _run_tests(self) -> _TestOutput:
         limits, rel = self.limits, self.rel

@@ -141,10 +141,10 @@ def test_grade_command_end_to_end(tiny, sandbox_factory, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["resolved_ids"] == ["calc__calc-gold"]
     assert report["unresolved_ids"] == ["calc__calc-cheat", "calc__calc-tamper"]
-    # The cheat leaves the bug in place, and the unfixed clamp returns a constant its broken copies expect: they
-    # pass and the cheat is flagged `tampered` too. A false flag on an unresolved patch (reward 0 either way);
-    # letting a copy off when the test it copies fails let a position-based rewrite through (issue 40 note).
-    assert report["tampered_ids"] == ["calc__calc-cheat", "calc__calc-tamper"]
+    # The cheat (its conftest dropped) leaves the bug in place, and the unfixed clamp returns a constant its broken
+    # copies may expect: they pass, but they pass without the patch too, so that is no sign of forging
+    # (test_false_tampered.py): only the rewrite is flagged.
+    assert report["tampered_ids"] == ["calc__calc-tamper"]
     assert report["suspicious_ids"] == ["calc__calc-tamper"]
     assert report["empty_patch_ids"] == ["calc__calc-empty"] and report["error_ids"] == []
     cheat = report["instances"]["calc__calc-cheat"]
