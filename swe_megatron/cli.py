@@ -19,6 +19,7 @@ import threading
 from swe_megatron import __version__
 from swe_megatron.config import ConfigError
 from swe_megatron.engine.base import EngineError
+from swe_megatron.engine.sync_env import apply_at_start
 
 # UsageError lives outside this module so `python -m swe_megatron.cli` (which loads this file as
 # __main__) catches the same class the command modules raise; re-exported here for them.
@@ -120,7 +121,9 @@ def _catch_signals() -> dict[int, object]:
 
 def run() -> None:
     """Console-script wrapper: exit with main()'s status. Output is line-buffered also when it is a file or a
-    pipe (Slurm's job log), so each line shows when it is printed."""
+    pipe (Slurm's job log), so each line shows when it is printed. The weight sync's environment (sync_env.py)
+    is set first, before any thread exists."""
+    apply_at_start()
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:

@@ -77,6 +77,8 @@ EOF
 left=$((budget_s - (SECONDS - start) - 5))
 echo "gpu_check: install took $((SECONDS - start)) s; tests get ${left} s"
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+# As every swe-megatron process starts (swe_megatron/engine/sync_env.py): NCCL sync groups refuse to form without it.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=2
 # -rs lists every skip with its reason (missing TE, fewer GPUs); the outer timeout keeps the 10 minutes.
 exec timeout --kill-after=5 "$left" "$venv/bin/python" -m pytest -m gpu tests/engine/test_weight_sync_gpu.py \
   tests/train/test_gpu.py -s -rs \

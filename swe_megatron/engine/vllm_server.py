@@ -22,6 +22,7 @@ from pathlib import Path
 
 from swe_megatron.config.schema import EngineConfig, ModelConfig
 from swe_megatron.engine.base import EngineError
+from swe_megatron.engine.sync_env import SYNC_ENV
 from swe_megatron.engine.weight_receiver import WORKER_EXTENSION
 from swe_megatron.model.hf_config import hf_config_dict, special_token_ids
 from swe_megatron.model.hub import resolve_model_path
@@ -156,6 +157,7 @@ def server_env(cfg: EngineConfig, work_dir: Path) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
+    env.update(SYNC_ENV)  # its workers may join NCCL weight-sync groups (set before they start: sync_env.py)
     if cfg.enforce_eager and not _has_gpu():
         # Eager means eager: no torch.compile anywhere in the server. vLLM compiles small sampler helpers
         # (the logprob ranks' count, top-k/top-p sampling) with Inductor at the first request even when the

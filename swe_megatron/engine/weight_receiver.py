@@ -17,7 +17,8 @@ the key: the trainer sees its RPC fail (and on gloo its connection close) and wr
 waited for the same way (`join`: the rendezvous and the first collective, where NCCL creates its communicator, run
 on a helper thread with a store connection of its own), so a member that dies after announcing itself holds no
 one past the deadline either. On NCCL a dead peer must not end the survivors before the key is written: the sync
-group runs with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly) and a nonblocking communicator (`new_group`).
+group runs with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly, set in the environment the processes start with:
+SYNC_ENV) and a nonblocking communicator (`new_group`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from swe_megatron.engine.sync_env import check_sync_env
 
 WORKER_EXTENSION = "swe_megatron.engine.weight_receiver.WeightReceiver"
 """Value of vLLM's `--worker-extension-cls` for servers that receive weights by broadcast."""
@@ -48,14 +51,6 @@ class SyncAborted(RuntimeError):
     """A member of the sync failed (or it ran out of time); this one stopped without waiting for its group."""
 
 
-NCCL_ERROR_HANDLING = "2"
-"""TORCH_NCCL_ASYNC_ERROR_HANDLING of every sync group (CleanUpOnly): a peer's death or a timeout aborts the
-group's communicator and fails its work, and the process lives on. torch's default, 3 (SkipCleanUp), ends the
-process from the watchdog thread (ProcessGroupNCCL.cpp, Watchdog: SHOULD_TEAR_DOWN -> handleException rethrows):
-one killed receiver would take every other vLLM worker of the group, and the trainer, down with it within the
-watchdog's ~100 ms, before the trainer's probe of the dead server could write the abort key."""
-
-
 def new_group(store, prefix: str, rank: int, world: int, device: torch.device, timeout: timedelta):
     """A process group outside torch.distributed's default world (the trainer already has one), under
     `prefix` in store (one prefix per sync).
@@ -63,29 +58,15 @@ def new_group(store, prefix: str, rank: int, world: int, device: torch.device, t
     NCCL: the communicator is made nonblocking (ncclConfig.blocking=0), so that its creation at the first
     collective polls with a deadline and an abort of the group ends it (torch keeps it in
     inInitializationCommMap_ until ready); a blocking ncclCommInitRank waits for a dead member forever. The
-    error-handling mode is read from the environment by ProcessGroupNCCL's constructor, so it is set around
-    this construction only: vLLM's own groups keep the process-wide setting."""
+    error-handling mode comes from the environment the process started with (SYNC_ENV); it is never changed here."""
     prefixed = dist.PrefixStore(prefix, store)
     if device.type == "cuda":
+        check_sync_env(os.environ)
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         opts.config.blocking = 0
-        with _environ("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING):
-            return dist.ProcessGroupNCCL(prefixed, rank, world, opts)
+        return dist.ProcessGroupNCCL(prefixed, rank, world, opts)
     return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
-
-
-@contextlib.contextmanager
-def _environ(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
 
 
 def own_connection(store, timeout_s: float):
@@ -100,9 +81,9 @@ def own_connection(store, timeout_s: float):
 class SyncGroup:
     """One member's view of one sync: its process group and the run's store, under the sync's prefix.
 
-    check: called while waiting (the trainer's: raise when a server's RPC has failed). The group's own timeout
-    is twice the deadline's, so the deadline (an abort) always comes first: an NCCL watchdog timeout would end
-    the process, a vLLM worker with it.
+    check: called while waiting (the trainer's: raise when a server's RPC has failed). The group's operations
+    time out after twice the deadline, so the deadline (an abort) always comes first: an NCCL watchdog timeout
+    fails the group's work behind the poll's back.
     """
 
     def __init__(self, store, prefix: str, rank: int, world: int, device: torch.device, timeout_s: float,
@@ -130,14 +111,17 @@ class SyncGroup:
         broadcast (SyncAborted at the deadline, an abort, or `check`): a member that died after the go must not
         hold the others. gloo connects every pair in its constructor and NCCL creates its communicator at the
         first collective, each a call that blocks until every member came: both run on a helper thread while
-        this one polls."""
+        this one polls. The group forms with the deadline as its timeout, so a helper given up on (gloo's
+        rendezvous cannot be interrupted) ends by the deadline rather than the operations' longer timeout, set
+        once it has formed; it is a daemon thread, so it never holds the process's exit."""
         formed: dict = {}
         cancelled = threading.Event()
 
         def form() -> None:
             try:
                 group = new_group(own_connection(self.store, self.timeout_s), self.prefix, self.rank, self.world,
-                                  self.device, timedelta(seconds=2 * self.timeout_s))  # fmt: skip
+                                  self.device, timedelta(seconds=self.timeout_s))  # fmt: skip
+                group._set_default_timeout(timedelta(seconds=2 * self.timeout_s))
                 formed["group"] = group
                 if cancelled.is_set():  # given up while the group formed: nobody else will abort it
                     group.abort()

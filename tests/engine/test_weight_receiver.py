@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from swe_megatron.engine import weight_receiver
+from swe_megatron.engine.sync_env import SyncEnvError
 from swe_megatron.engine.weight_receiver import (
     POLL_S,
     SyncAborted,
@@ -140,14 +141,17 @@ def test_abort_with_the_store_gone_still_aborts_the_group(monkeypatch):
     assert g.group.calls == ["abort"]
 
 
-def test_join_gives_the_group_twice_the_deadline_and_runs_its_first_collective(monkeypatch):
+def test_join_forms_the_group_by_the_deadline_gives_its_operations_twice_it_and_runs_its_first_collective(
+    monkeypatch,
+):
     made = []
     group = RecordingGroup()
     monkeypatch.setattr(weight_receiver, "new_group", lambda *a: made.append(a) or group)
     store = dist.HashStore()
     g = SyncGroup(store, "sync-7", 2, 5, CPU, 30.0)
     g.join()
-    assert g.group is group and made == [(store, "sync-7", 2, 5, CPU, timedelta(seconds=60))]
+    assert g.group is group and made == [(store, "sync-7", 2, 5, CPU, timedelta(seconds=30))]
+    assert group.timeouts == [timedelta(seconds=60)]
     # NCCL creates its communicator there: inside join, which waits for it like any broadcast.
     assert [(t.tolist(), root) for t, root in group.sent] == [([0.0], 0)]
 
@@ -191,9 +195,8 @@ def test_join_gives_up_at_the_deadline_while_the_group_forms_and_aborts_it_once_
     assert aborted.wait(5) and len(weight_receiver._ABORTED) == 1
 
 
-def test_a_cuda_member_makes_an_nccl_group_with_the_timeout_under_the_prefix(monkeypatch):
-    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    made = {}
+def _fake_nccl(monkeypatch, made: dict):
+    """dist.ProcessGroupNCCL replaced (no NCCL on this host): records its arguments and the environment it reads."""
 
     class Config:
         blocking = 1  # NCCL's default
@@ -204,23 +207,48 @@ def test_a_cuda_member_makes_an_nccl_group_with_the_timeout_under_the_prefix(mon
         def __init__(self):
             self.config = Config()
 
-    class FakeNCCL:  # no NCCL on this host: the constructor's arguments (and the environment it reads) are checked
+    class FakeNCCL:
         def __init__(self, store, rank, world, opts):
             made.update(store=store, rank=rank, world=world, timeout=opts._timeout, blocking=opts.config.blocking,
                         handling=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))  # fmt: skip
 
     FakeNCCL.Options = Options
     monkeypatch.setattr(weight_receiver.dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    return FakeNCCL
+
+
+def test_a_cuda_member_makes_an_nccl_group_with_the_timeout_under_the_prefix(monkeypatch):
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")  # as swe-megatron's processes start (SYNC_ENV)
+    made = {}
+    fake = _fake_nccl(monkeypatch, made)
+    changes = []  # os.environ writes reach the C environment through these: none may happen while threads run
+    monkeypatch.setattr(os, "putenv", lambda *a: changes.append(a))
+    monkeypatch.setattr(os, "unsetenv", lambda *a: changes.append(a))
     store = dist.HashStore()
     group = weight_receiver.new_group(store, "sync-3", 2, 5, torch.device("cuda", 0), timedelta(seconds=7))
-    assert isinstance(group, FakeNCCL)
+    assert isinstance(group, fake)
     assert (made["rank"], made["world"], made["timeout"]) == (2, 5, timedelta(seconds=7))
     made["store"].set("k", "v")
     assert store.get("sync-3/k") == b"v"
     # Issue 41: a nonblocking communicator (its creation can be aborted and has a deadline), and CleanUpOnly (2)
     # read by the constructor: a dead peer aborts the group instead of ending this process (torch's default, 3).
     assert made["blocking"] == 0 and made["handling"] == "2"
-    assert os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3"  # the process's own setting is back
+    # ... taken from the environment the process started with: setting it around the constructor raced other
+    # threads' getenv (glibc), so nothing is written.
+    assert changes == []
+
+
+@pytest.mark.parametrize("value", [None, "3"])
+def test_a_cuda_member_started_without_cleanup_only_refuses_to_make_an_nccl_group(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", value)
+    made = {}
+    _fake_nccl(monkeypatch, made)
+    with pytest.raises(SyncEnvError, match=r"start it with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 "):
+        weight_receiver.new_group(dist.HashStore(), "s", 1, 2, torch.device("cuda", 0), timedelta(seconds=7))
+    assert made == {}
 
 
 def test_unpack_gives_views_in_the_header_s_order_and_shapes():
@@ -326,7 +354,10 @@ class RecordingGroup:
     """A process group whose broadcasts complete at once: what rank 0 sends, or what a member is sent."""
 
     def __init__(self, incoming=()):
-        self.sent, self.incoming = [], list(incoming)
+        self.sent, self.incoming, self.timeouts = [], list(incoming), []
+
+    def _set_default_timeout(self, timeout):
+        self.timeouts.append(timeout)
 
     def broadcast(self, tensors, opts):
         self.sent.append((tensors[0], opts.rootRank))
