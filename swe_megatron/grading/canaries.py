@@ -407,9 +407,7 @@ def _sites(fn: ast.FunctionDef) -> tuple[_Site, ...]:
     once before it at the top of the body and used nowhere else (`expected = [...]`, `expected =
     "\\n".join([...])`: then the literals of that value); none where the body can end before it (a `return`,
     `yield`) or a decorator may keep it from running as written."""
-    if any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom)) for n in ast.walk(fn)) or any(
-        _NOT_RUN_AS_WRITTEN.search(ast.unparse(d)) for d in fn.decorator_list
-    ):
+    if _can_end_early(fn) or any(_NOT_RUN_AS_WRITTEN.search(ast.unparse(d)) for d in fn.decorator_list):
         return ()
     uses = Counter(n.id for n in ast.walk(fn) if isinstance(n, ast.Name))
     given: dict[str, ast.expr] = {}  # names given once at the top of the body, used only where compared
@@ -444,6 +442,19 @@ def _sites(fn: ast.FunctionDef) -> tuple[_Site, ...]:
         elif not literal and sum(map(bool, named)) == 1:
             found = next(leaves for leaves in named if leaves)
     return found
+
+
+def _can_end_early(fn: ast.FunctionDef) -> bool:
+    """Whether `fn`'s own body has a `return`, `yield` or `yield from` (a function, lambda or class defined
+    inside it has its own body: a helper's `return` does not end the test)."""
+    todo = list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _leaves(value: ast.expr) -> tuple[_Site, ...]:
