@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU-marked tests (tests/engine/test_weight_sync_gpu.py, tests/train/test_gpu.py) on one GPU machine
-# without network, in one command that ends within 10 minutes (install included).
+# The sync path's one-GPU checks and the GPU-marked tests (tests/engine/test_weight_sync_gpu.py,
+# tests/train/test_gpu.py) on one GPU machine without network, in one command that ends within 10 minutes
+# (install included).
 #
 # The machine's image brings Python >= 3.12 and a CUDA torch (e.g. torch 2.11); everything else comes
 # from a folder of wheels carried along (~46 MB: megatron-core 0.19.2, transformers 5.19.0, omegaconf,
@@ -9,11 +10,15 @@
 # local layer spec. Wheels are never committed; fetch them on a machine with PyPI access:
 #
 #   tools/gpu_check.sh --fetch [DIR]     # downloads the wheels for CPython 3.12 linux x86_64 into DIR
-#   tools/gpu_check.sh [DIR]             # on the GPU machine: installs from DIR offline, runs the tests
+#   tools/gpu_check.sh [DIR]             # on the GPU machine: installs from DIR offline, runs the checks
+#   GPU_CHECK_TESTS=0 tools/gpu_check.sh [DIR]   # the sync path's checks only (~1-2 min after the install)
 #
 # DIR defaults to <repo>/.gpu-wheels. The install goes into <repo>/.gpu-venv (a venv that sees the image's
-# torch through --system-site-packages). Figures are printed by the tests (-s); copy them to
-# docs/benchmarks.md ("GPU checks").
+# torch through --system-site-packages). First the sync path's one-GPU checks (tools/gpu_sync_checks.py: the
+# trainer's allocator settings against torch's defaults, empty_cache before a sync, an NCCL sync group given
+# up while forming and aborted, the process going on), each in a child process with a 60 s limit, then the
+# tests. Figures are printed as `gpu_sync:` lines and by the tests (-s); copy them to docs/benchmarks.md
+# ("GPU checks"). Exit status: the tests', else the sync checks' (1 when one hung, failed or showed a problem).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -79,7 +84,17 @@ echo "gpu_check: install took $((SECONDS - start)) s; tests get ${left} s"
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 # As every swe-megatron process starts (swe_megatron/engine/sync_env.py): NCCL sync groups refuse to form without it.
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=2
+# The sync checks first, so their figures come back even if the tests below run out of time.
+sync_s=$((left < 300 ? left : 300))
+sync_rc=0
+timeout --kill-after=5 "$sync_s" "$venv/bin/python" tools/gpu_sync_checks.py --timeout 60 || sync_rc=$?
+echo "gpu_check: sync checks exit ${sync_rc} after $((SECONDS - start)) s"
+[[ ${GPU_CHECK_TESTS:-1} == 0 ]] && exit "$sync_rc"
+left=$((budget_s - (SECONDS - start) - 5))
+echo "gpu_check: tests get ${left} s"
 # -rs lists every skip with its reason (missing TE, fewer GPUs); the outer timeout keeps the 10 minutes.
-exec timeout --kill-after=5 "$left" "$venv/bin/python" -m pytest -m gpu tests/engine/test_weight_sync_gpu.py \
+rc=0
+timeout --kill-after=5 "$left" "$venv/bin/python" -m pytest -m gpu tests/engine/test_weight_sync_gpu.py \
   tests/train/test_gpu.py -s -rs \
-  -p no:cacheprovider --timeout "$left" "$@"
+  -p no:cacheprovider --timeout "$left" "$@" || rc=$?
+exit $((rc ? rc : sync_rc))
