@@ -51,7 +51,6 @@ def _join_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.endswith("-join")]
 
 
-@pytest.mark.dist
 def test_a_join_given_up_while_gloo_forms_leaves_no_thread_past_its_deadline():
     """A member that never comes: join raises at the deadline, and its helper thread (blocked in gloo's rendezvous,
     which nothing can interrupt) ends with it. Before: the group formed with twice the deadline as its timeout, so
@@ -72,7 +71,6 @@ def test_a_join_given_up_while_gloo_forms_leaves_no_thread_past_its_deadline():
     assert ended_s < 1.5 * deadline_s, f"the helper ended {ended_s:.2f} s after the join began"
 
 
-@pytest.mark.dist
 def test_a_formed_group_s_operations_keep_twice_the_deadline():
     """The other half: forming is bounded by the deadline, but the group's collectives still time out only after
     twice it, behind the poll's own deadline (a 2-member group, one thread each)."""
