@@ -45,6 +45,9 @@
 #                         unset: every active one. The image carries the IB user space (containers/trainer.def).
 #   NCCL_DEBUG            INFO logs the transport NCCL picked ("via NET/IB/0"; "via NET/Socket/0" is TCP)
 #   PYTORCH_ALLOC_CONF    trainer ranks' CUDA allocator (default expandable_segments:True: launch/steps.py)
+# Not a site setting: TORCH_NCCL_ASYNC_ERROR_HANDLING is 2 (CleanUpOnly) in every swe-megatron process and vLLM
+# server (set at their start, before any thread: swe_megatron/engine/sync_env.py), so a peer's death in a weight
+# sync fails the sync instead of ending the survivors; a value passed in here is overridden.
 
 _sm_die() {
   echo "swe-megatron job: ERROR: $*" >&2
