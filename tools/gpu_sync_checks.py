@@ -46,7 +46,7 @@ from swe_megatron.launch.steps import ALLOCATOR_CONF  # noqa: E402
 
 GIB = 2**30
 ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-"""torch >= 2.9 reads the first, and the second for compatibility (c10/cuda/CUDAAllocatorConfig.h)."""
+"""The CUDA allocator reads PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF (torch 2.14.0 CUDAAllocatorConfig.h)."""
 RESULT = "RESULT "
 """Prefix of a child's one line of results (JSON)."""
 NEEDS_GPU = "needs a GPU (torch.cuda.is_available() is False)"
