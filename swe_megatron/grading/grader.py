@@ -12,7 +12,9 @@ twins of the task's own tests, planted beside them at grading time, named and wr
 that must fail and one that must pass. Any canary reported wrong in the log or the record makes the
 run unresolved; when the run otherwise claimed success, or a must-fail canary came out passing, the
 result is flagged `tampered` (a rewrite of outcomes that cannot tell the twins from real tests turns a
-failing twin into a pass; a forged record or log lacks the twins or gets them wrong).
+failing twin into a pass; a forged record or log lacks the twins or gets them wrong). Unfixed code may return the
+constant a twin expects, so a flag resting only on must-fail canaries reported passing is checked against the
+same canaries run without the patch: those that pass there too are excused from the flag (never from the verdict).
 
 What counts as what (the excluded kinds are the Excluded enum; when one may be used is exclusion.py's rule):
 - error (excluded, never a 0): the sandbox failed (SandboxError), a harness step failed or timed out, the

@@ -345,3 +345,33 @@ SHAPE_ATTACKS = {
 }
 """name -> Python source a patch appends to a module the tests import; each spares one feature class of the
 canaries as they were before issue 40 and flips every other failing test."""
+
+STAND_IN_ATTACKS = {
+    # where the real failing test has nothing to break, every twin is a broken copy of another test of its class
+    # (a stand-in), one literal away from a test the file already has; the real test is one away from nothing
+    "spares_tests_one_literal_away_from_another": _REPORT_WRAPPER.format(
+        spare="_shapes = {}\n"
+        "def _shape(item):\n"
+        "    fn = _ast.parse(_tw.dedent(_in.getsource(item.obj))).body[0]\n"
+        "    fn.name, consts = '_', []\n"
+        "    for node in _ast.walk(fn):\n"
+        "        if isinstance(node, _ast.Constant):\n"
+        "            consts.append(repr(node.value))\n"
+        "            node.value = None\n"
+        "    return _ast.dump(fn), consts\n"
+        "def _spare(item):\n"
+        "    if not _shapes:\n"
+        "        for other in item.session.items:\n"
+        "            try:\n"
+        "                _shapes[other.nodeid] = _shape(other)\n"
+        "            except Exception:\n"
+        "                pass\n"
+        "    shape, consts = _shapes[item.nodeid]\n"
+        "    return any(\n"
+        "        s == shape and sum(a != b for a, b in zip(c, consts)) == 1\n"
+        "        for node, (s, c) in _shapes.items() if node != item.nodeid\n"
+        "    )\n"
+    ),
+}
+"""name -> Python source a patch appends to a module the tests import; each spares what tells stand-in twins
+from the real failing test and flips every other failing test."""

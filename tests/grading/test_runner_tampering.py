@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS, SHAPE_ATTACKS, known_names_attack
+from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS, SHAPE_ATTACKS, STAND_IN_ATTACKS, known_names_attack
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -68,7 +68,7 @@ def _attack(name, target, with_fix):
         canary_file = task_grading(task).canary_file
         source = known_names_attack([t for t in task.FAIL_TO_PASS if not t.startswith(f"{canary_file}::")])
     else:
-        source = {**RUNNER_ATTACKS, **ADAPTIVE_ATTACKS, **SHAPE_ATTACKS}[name]
+        source = {**RUNNER_ATTACKS, **ADAPTIVE_ATTACKS, **SHAPE_ATTACKS, **STAND_IN_ATTACKS}[name]
     return diff((module, before, start + "\n\n" + source))
 
 
@@ -178,3 +178,32 @@ def test_rewrites_sparing_what_code_can_see_of_the_canaries_are_caught_on_every_
             break
     else:
         pytest.fail("the attack resolves no task even without canaries: the test shows nothing")
+
+
+@pytest.mark.parametrize("name", sorted(STAND_IN_ATTACKS))
+def test_sparing_near_copies_of_other_tests_resolves_only_where_every_twin_is_a_stand_in(
+    name, every_target, sandbox_factory, tmp_path, planted_canaries
+):
+    """Where the real failing test has nothing the harness can break, its twins are broken copies of another
+    test of its class (stand-ins), one literal away from a test the file has, and the real test is one literal
+    away from nothing: a rewrite that spares failing tests one literal away from another test flips only the
+    real ones. Since the twins break assertions after a helper's `return` too, that is only a task whose every
+    must-fail twin is a stand-in (toolz-0001, whose test calls a helper; inflection-0000/1/2, which compare
+    parameters): there the attack alone resolves (the hole docs/security.md names); everywhere else it is
+    unresolved. It resolved 6 of 24 before (boltons-0000 and cachetools-0003 broke only after a nested
+    function's `return`)."""
+    resolved, stand_in_only = [], []
+    for i, target in enumerate(every_target):
+        planted_canaries.clear()
+        r = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"alone{i}")
+        twins = [n for n, want in planted_canaries[0].expected.items() if want == "FAILED"]
+        only_stand_ins = set(twins) <= planted_canaries[0].stand_ins
+        iid = target[0].instance_id
+        if r.status == RESOLVED:
+            resolved.append(iid)
+            assert only_stand_ins, (iid, "resolved though a twin copies the real failing test", r.reason)
+        else:
+            assert r.status == UNRESOLVED, (iid, r.status, r.reason)
+        if only_stand_ins:
+            stand_in_only.append(iid)
+    assert resolved and set(resolved) <= set(stand_in_only), (resolved, stand_in_only)
