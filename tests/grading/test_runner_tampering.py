@@ -8,6 +8,7 @@ off the same patches resolve: that shows each attack is real and that the canari
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -156,19 +157,32 @@ def test_decoys_cover_fail_to_pass_tests_outside_the_twins_file(every_target, sa
 
 @pytest.mark.parametrize("name", sorted(SHAPE_ATTACKS))
 def test_rewrites_sparing_what_code_can_see_of_the_canaries_are_caught_on_every_task(
-    name, every_target, sandbox_factory, tmp_path, monkeypatch
+    name, every_target, sandbox_factory, tmp_path, monkeypatch, planted_canaries
 ):
     """Issue 40 family 1: every failing test turned into a pass except those whose code (a body comparing two
     literals; bytecode loading no global, attribute or parameter), name or place looks like the canaries as
     they were. The twins and decoys are now broken copies of the real failing tests beside them, named like
     the renamed real ones: alone, each attack is unresolved on every factory task, and `tampered` wherever it
     rewrote the real failing tests (where its rule spared those too it gained nothing and forged nothing).
+    Except by chance for the position rule, which spares a failing test right after a like-named failing one
+    and so flips the first of each block: it wins where every real failing test of the twins' file happens to
+    lead its block (1 in 6 on a task with one failing test: the rank is uniform), and only there.
     With the canaries off the same patch resolves a task (the attack is real); with the pre-issue-40 canaries
     the first two resolved 24 of 24 tasks (docs/security.md)."""
+    by_chance = []
     for i, target in enumerate(every_target):
+        planted_canaries.clear()
         r = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"alone{i}")
+        if r.status == RESOLVED and name == "spares_tests_right_after_a_failing_neighbour":
+            assert _real_tests_lead_their_blocks(planted_canaries[0]), (
+                target[0].instance_id,
+                "not by chance",
+            )
+            by_chance.append(target[0].instance_id)
+            continue
         assert r.status == UNRESOLVED, (target[0].instance_id, r.status, r.reason)
         assert r.tampered or "FAIL_TO_PASS failing" in r.reason, (target[0].instance_id, r.reason)
+    assert len(by_chance) <= len(every_target) // 4, by_chance  # ~1 or 2 expected of 24
     monkeypatch.setattr(grader, "CANARIES", False)
     for i, target in enumerate(every_target):
         if (
@@ -207,3 +221,34 @@ def test_sparing_near_copies_of_other_tests_resolves_only_where_every_twin_is_a_
         if only_stand_ins:
             stand_in_only.append(iid)
     assert resolved and set(resolved) <= set(stand_in_only), (resolved, stand_in_only)
+
+
+def _real_tests_lead_their_blocks(c) -> bool:
+    """Whether no renamed real failing test of the canaried file comes right after a failing test whose name
+    shares its first two words (what the position rule spares), in the order pytest collects the file."""
+    tree = ast.parse(c.text)
+    order = [
+        (cls, fn.name)
+        for cls, body in [(None, tree.body)]
+        + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
+        for fn in body
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test")
+    ]
+    order.sort(key=lambda key: _line_of(tree, key))
+    node = {key: "::".join(p for p in (c.file, *key) if p) for key in order}
+    real = {new for new in c.renamed.values()}
+    failing = {key for key in order if node[key] in real or c.expected.get(node[key]) == "FAILED"}
+    for before, key in zip(order, order[1:]):
+        if node[key] in real and before in failing and before[1].split("_")[:2] == key[1].split("_")[:2]:
+            return False
+    return True
+
+
+def _line_of(tree, key):
+    cls, name = key
+    scope = (
+        tree.body
+        if cls is None
+        else next(n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    )
+    return next(fn.lineno for fn in scope if isinstance(fn, ast.FunctionDef) and fn.name == name)
