@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import timedelta
 
 import pytest
@@ -508,3 +509,66 @@ def test_a_broadcast_that_never_completes_ends_at_the_deadline_naming_it(clock):
     g.group = StuckGroup()
     with pytest.raises(SyncAborted, match=r"^weight sync: a broadcast took longer than 0.05 s$"):
         g.broadcast(torch.zeros(1))
+
+
+def test_join_raises_the_error_the_group_could_not_form_with(monkeypatch):
+    """A rendezvous that fails (a refused connection) ends join with that error, not with a KeyError about the
+    collective that never ran."""
+
+    def refused(*a):
+        raise RuntimeError("Connection refused by 10.0.0.2:29500")
+
+    monkeypatch.setattr(weight_receiver, "new_group", refused)
+    with pytest.raises(RuntimeError, match=r"^Connection refused by 10.0.0.2:29500$"):
+        SyncGroup(dist.HashStore(), "s", 1, 3, CPU, 5.0).join()
+
+
+def test_a_first_collective_that_never_completes_gives_up_at_the_deadline_naming_it(monkeypatch):
+    """The group formed but its first collective (NCCL's communicator) hangs: SyncAborted at the deadline, named;
+    the collective runs on the group's device ("meta" stands for the worker's GPU)."""
+
+    class Hung(RecordingGroup):
+        def broadcast(self, tensors, opts):
+            self.sent.append((tensors[0], opts.rootRank))
+            return type("Never", (), {"is_completed": lambda self: False})()
+
+    group = Hung()
+    monkeypatch.setattr(weight_receiver, "new_group", lambda *a: group)
+    g = SyncGroup(dist.HashStore(), "s", 1, 3, torch.device("meta"), 0.2)
+    with pytest.raises(SyncAborted, match=r"^weight sync: the group's first collective took longer than 0.2 s$"):
+        g.join()
+    assert g.group is group and [t.device.type for t, _ in group.sent] == ["meta"]
+
+
+def test_a_group_given_up_on_is_kept_after_its_abort(monkeypatch):
+    """Destroying a gloo group whose operation is pending blocks the destroying thread: the aborted group that
+    formed after join gave up is kept alive in _ABORTED, itself."""
+    import threading
+
+    release, kept = threading.Event(), []
+    late = RecordingGroup()
+    late.abort = lambda: None
+
+    def slow_group(*a):
+        release.wait(10)
+        return late
+
+    monkeypatch.setattr(weight_receiver, "new_group", slow_group)
+    monkeypatch.setattr(weight_receiver, "_ABORTED", kept)
+    with pytest.raises(SyncAborted):
+        SyncGroup(dist.HashStore(), "s", 1, 3, CPU, 0.2).join()
+    release.set()
+    deadline = time.monotonic() + 5
+    while not kept and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kept == [late]
+
+
+def test_the_groups_and_the_rendezvous_store_take_the_deadline_given():
+    """gloo's group and the rendezvous' own store connection time out when told (not at torch's defaults,
+    30 min and 5 min), so a helper thread given up on ends by then."""
+    store = dist.HashStore()
+    group = weight_receiver.new_group(store, "p", 0, 1, CPU, timedelta(seconds=7))
+    assert group.options._timeout == timedelta(seconds=7)
+    master = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    assert weight_receiver.own_connection(master, 3.0).timeout == timedelta(seconds=3)
