@@ -401,3 +401,23 @@ def test_constants_and_added_stand_ins():
     c = Canaries(file="t.py", text="", stand_ins={"t.py::test_a"})
     c.add(Canaries(file="t.py", text="", stand_ins={"t.py::test_b"}))
     assert c.stand_ins == {"t.py::test_a", "t.py::test_b"}
+
+
+def test_passing_must_fail_names_each_must_fail_canary_the_log_or_the_record_reports_passing():
+    """Any case passing (PASSED or XPASS) in either source counts; a must-pass canary, a failing one, a test that
+    only starts with a canary's name, and odd records do not."""
+    c = Canaries(file="t.py", text="", expected={
+        "t.py::test_a": "FAILED", "t.py::test_b": "FAILED", "t.py::test_c": "FAILED", "t.py::test_p": "PASSED",
+    })  # fmt: skip
+    log = {"t.py::test_a[1]": "FAILED", "t.py::test_a[2]": "XPASS", "t.py::test_p": "PASSED",
+           "t.py::test_b": "FAILED", "t.py::test_cd": "PASSED"}  # fmt: skip
+    record = {"tests": {"t.py::test_b": "PASSED", 7: "PASSED", "t.py::test_c": "ERROR"}}
+    assert canaries.passing_must_fail(c, log, record) == {"t.py::test_a", "t.py::test_b"}
+    assert canaries.passing_must_fail(c, log, None) == {"t.py::test_a"}
+    assert canaries.passing_must_fail(c, {}, {"tests": ["t.py::test_b"]}) == set()
+    assert c.ids() == {"t.py::test_a", "t.py::test_b", "t.py::test_c", "t.py::test_p"}
+
+
+def test_breakable_reads_a_file_with_cr_line_ends():
+    src = "def test_loop():\r    for x in (1, 2):\r        assert x\r\r\rdef test_eq():\r    assert f() == 2\r"
+    assert breakable("t.py", src, ["t.py::test_eq"]) and not breakable("t.py", src, ["t.py::test_loop"])
