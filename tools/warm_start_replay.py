@@ -39,10 +39,10 @@ def demonstrations(path: Path) -> list:
 def replay(cfg, trajs: list, seed: int, say=None) -> tuple[list[dict], list[float]]:
     """The warm start of `cfg` (its rft stage) at `seed` on the trajectories: a world of one rank, the seed's
     random init, warm_start_sft. Returns (metrics per optimiser step, loss per epoch)."""
+    from swe_megatron.algo import num_optimizer_steps
     from swe_megatron.pipeline import spmd
     from swe_megatron.pipeline.stages import to_samples, warm_start_sft
     from swe_megatron.pipeline.warm_start import sft_data
-    from swe_megatron.algo import num_optimizer_steps
     from swe_megatron.train.step import Trainer
 
     stage = cfg.rft
