@@ -542,7 +542,7 @@ def test_a_first_collective_that_never_completes_gives_up_at_the_deadline_naming
 
 def test_a_group_given_up_on_is_kept_after_its_abort(monkeypatch):
     """Destroying a gloo group whose operation is pending blocks the destroying thread: the aborted group that
-    formed after join gave up is kept alive in _ABORTED, itself."""
+    formed after join gave up is kept alive in _ABORTED, itself; the helper still forming it is a daemon."""
     import threading
 
     release, kept = threading.Event(), []
@@ -557,6 +557,8 @@ def test_a_group_given_up_on_is_kept_after_its_abort(monkeypatch):
     monkeypatch.setattr(weight_receiver, "_ABORTED", kept)
     with pytest.raises(SyncAborted):
         SyncGroup(dist.HashStore(), "s", 1, 3, CPU, 0.2).join()
+    helper = [t for t in threading.enumerate() if t.name == "s-join"]  # named for stack dumps
+    assert helper and all(t.daemon for t in helper)  # it never holds the process's exit
     release.set()
     deadline = time.monotonic() + 5
     while not kept and time.monotonic() < deadline:
@@ -572,3 +574,11 @@ def test_the_groups_and_the_rendezvous_store_take_the_deadline_given():
     assert group.options._timeout == timedelta(seconds=7)
     master = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
     assert weight_receiver.own_connection(master, 3.0).timeout == timedelta(seconds=3)
+
+
+def test_the_worker_extension_names_the_receiver_by_its_import_path():
+    """vLLM imports --worker-extension-cls by its dotted path."""
+    import importlib
+
+    module, _, name = weight_receiver.WORKER_EXTENSION.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is WeightReceiver
