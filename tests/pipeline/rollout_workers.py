@@ -47,6 +47,8 @@ class ProbeWorker(Worker):
     def roll(self, op: str, *args):
         if op == "pid":
             return os.getpid()
+        if op == "env":
+            return os.environ.get(args[0])
         if op == "echo":
             return args
         if op == "raise":

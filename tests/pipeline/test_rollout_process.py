@@ -53,6 +53,21 @@ def test_rolls_run_in_another_process_in_order_and_their_errors_come_back_with_t
     assert proc.proc.returncode == 0
 
 
+def test_the_child_imports_the_given_paths_first_and_keeps_the_inherited_pythonpath(monkeypatch):
+    """pythonpath (where a spec's class lives) goes before the inherited PYTHONPATH, which is kept; none inherited
+    leaves no empty entry (one would put the child's working folder on its import path)."""
+    for inherited, want in ((None, HERE), ("/opt/run", HERE + os.pathsep + "/opt/run")):
+        if inherited is None:
+            monkeypatch.delenv("PYTHONPATH", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONPATH", inherited)
+        proc = _start()
+        try:
+            assert proc.roll("env", "PYTHONPATH") == want
+        finally:
+            proc.close()
+
+
 def test_an_error_that_does_not_pickle_comes_back_as_its_text():
     proc = _start()
     try:
