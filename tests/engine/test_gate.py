@@ -220,3 +220,12 @@ def test_a_second_update_waits_for_the_first_to_resume():
     gate.resume(3)
     turn.join(5)
     assert got[0].policy_version == 3
+
+
+def test_the_gate_shows_its_engines_server_rotation_or_none():
+    """routing.check_servers reads the rotation of the engine behind the gate; an engine without one has none."""
+    engine = HeldEngine()
+    gate = VersionGate().serve(engine, 1)
+    assert gate.rotation is None
+    engine.rotation = rotation = object()
+    assert gate.rotation is rotation
