@@ -124,6 +124,17 @@ class _Site:
 
 
 @dataclass(frozen=True)
+class _Column:
+    """A parametrised test's column whose value the test body first reads in an equality assertion against a
+    value computed without it: its cell in every row of the parametrize table, the decorator's names of module
+    tables that hold rows, and where each such table is assigned (its target's name)."""
+
+    cells: tuple[_Site, ...]
+    names: tuple[_Site, ...]  # Name nodes in the decorator naming module tables (value: the name)
+    tables: tuple[tuple[_Site, int], ...]  # (the assignment's target, the table's last line) per named table
+
+
+@dataclass(frozen=True)
 class _Def:
     name: str
     cls: str | None
@@ -135,6 +146,11 @@ class _Def:
     end: int  # last line (1-based) of the definition
     sites: tuple[_Site, ...] = ()  # literals of its last top-level equality assertion (none: cannot break)
     plain: bool = True  # runs once as written (not parametrised, skipped, xfail): a copy passes as it does
+    columns: tuple[_Column, ...] = ()  # parametrise columns a copy can break in every row (where no site)
+
+    @property
+    def breakable(self) -> bool:
+        return bool(self.sites or self.columns)
 
 
 def plant(
@@ -168,6 +184,7 @@ def plant(
     listed = [defs[key] for key in dict.fromkeys(_def_key(t, file) for t in test_ids) if key in defs]
     f2p_keys = {_def_key(t, file) for t in fail_to_pass}
     words = _words(defs)
+    table_words = _words({(None, f"t_{n.lower()}") for n in _module_tables(tree)} if tree is not None else {})
     constants = _constants(tree) if tree is not None else []
     taken = set(re.findall(r"\b\w+\b", source))
     inserts: dict[int, list[str]] = {}
@@ -197,9 +214,55 @@ def plant(
             inserts.setdefault(beside.start - 1, []).extend(text + gap for text in texts[:cut])
             inserts.setdefault(beside.end, []).extend(gap + text for text in texts[cut:])
 
+    drawn: dict[tuple[int, int], set] = {}  # a table cell -> the values copies put there already
+
     def broken(template: _Def, name: str) -> str:
-        """`template` copied under `name`, one literal of its last equality assertion swapped."""
-        return _copy(template, pristine, name, rng.choice(template.sites), constants, rng)
+        """`template` copied under `name`, one literal of its last equality assertion swapped; or, where it has
+        none, one column of its parametrize table swapped in every row (the tables it names copied under fresh
+        names beside the originals)."""
+        if template.sites:
+            return _copy(template, pristine, name, rng.choice(template.sites), constants, rng)
+        column = rng.choice(template.columns)
+        pool = [c.value for c in column.cells]  # the column's own values first, as a real table would have
+        edits = []
+        for cell in column.cells:
+            seen = drawn.setdefault((cell.line, cell.col), set())  # copies differ from each other too
+            if cell.singleton:
+                others = [v for v in _SINGLETONS if v is not cell.value]
+                other = rng.choice([v for v in others if v not in seen] or others)
+            else:
+                fits = [
+                    [v for v in vs if type(v) is type(cell.value) and v != cell.value]
+                    for vs in (pool, constants)
+                ]
+                fresh_fits = [[v for v in vs if v not in seen] for vs in fits]  # the column's own first
+                other = _other(
+                    cell.value, fresh_fits[0] or fresh_fits[1] or fits[0] + fits[1], rng, cell.avoid
+                )
+            seen.add(other)
+            edits.append((cell.line, cell.col, cell.end_col, _literal(other, _quote(pristine, cell))))
+        renames = {}
+        for target, end in column.tables:
+            fresh_table = _fresh_name(target.value.lower(), table_words, {t.lower() for t in taken}, rng)
+            renames[target.value] = fresh_table.upper() if target.value.isupper() else fresh_table
+            taken.add(renames[target.value])
+            text = _edited(
+                pristine,
+                target.line,
+                end,
+                [e for e in edits if target.line <= e[0] <= end]
+                + [(target.line, target.col, target.end_col, renames[target.value])],
+            )
+            if rng.random() < 0.5:
+                inserts.setdefault(target.line - 1, []).append(text + "\n")
+            else:
+                inserts.setdefault(end, []).append("\n" + text)
+        edits = [e for e in edits if template.start <= e[0] <= template.end]  # an inline table's cells
+        edits += [(n.line, n.col, n.end_col, renames[n.value]) for n in column.names]
+        text = _edited(pristine, template.start, template.end, edits).splitlines(True)
+        at = template.line - template.start
+        text[at] = re.sub(rf"\bdef\s+{re.escape(template.name)}\b", f"def {name}", text[at], count=1)
+        return "".join(text)
 
     def literal_body(anchor: _Def | None, name: str, equal: bool) -> str:
         quote = '"' if source.count('"') > source.count("'") else "'"
@@ -212,11 +275,11 @@ def plant(
         """A must-fail test under `name` beside `d`: d broken, else another listed test of its class broken,
         else two different constants compared."""
         node = "::".join(p for p in (file, d.cls, name) if p)
-        if d.sites:
+        if d.breakable:
             copied[node] = (d.cls, d.name)
             return broken(d, name)
         stand_ins.add(node)
-        same_scope = [e for e in listed if e.cls == d.cls and e.sites]
+        same_scope = [e for e in listed if e.cls == d.cls and e.breakable]
         if same_scope:
             template = rng.choice(same_scope)
             copied[node] = (template.cls, template.name)
@@ -226,7 +289,7 @@ def plant(
     if twins:
         real = [d for d in listed if (d.cls, d.name) in f2p_keys]
         anchors = rng.sample(real or listed, len(real or listed))
-        anchors.sort(key=lambda d: not d.sites)  # those that can be broken first (the order kept otherwise)
+        anchors.sort(key=lambda d: not d.breakable)  # the breakable first (the order kept otherwise)
         passing = rng.sample(p := [d for d in listed if (d.cls, d.name) not in f2p_keys and d.plain], len(p))
         plan = ["FAILED"] * MUST_FAIL + ["PASSED"] * MUST_PASS
         rng.shuffle(plan)
@@ -289,7 +352,7 @@ def breakable(file: str, source: str, fail_to_pass: list[str]) -> bool:
     except (SyntaxError, ValueError):
         return False
     defs = _test_defs(tree, io.StringIO(source, newline="").readlines())
-    return any(d.sites for key in {_def_key(t, file) for t in fail_to_pass} if (d := defs.get(key)))
+    return any(d.breakable for key in {_def_key(t, file) for t in fail_to_pass} if (d := defs.get(key)))
 
 
 def _decoys(file, fail_to_pass, defs, classes, lines, source, fresh, plant_decoy) -> dict[str, str]:
@@ -390,6 +453,8 @@ def _def_key(test_id: str, file: str) -> tuple[str | None, str] | None:
 def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str], _Def]:
     """(class or None, name) -> the test function defined there (module level or one class deep)."""
     out = {}
+    helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    tables = _module_tables(tree)
     scopes = [(None, tree.body)] + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
     for cls, body in scopes:
         for node in body:
@@ -405,25 +470,28 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
                 args = node.args.args[0].arg if cls and node.args.args else ""
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             plain = not any(re.search("parametri|xfail|skip", ast.unparse(d)) for d in node.decorator_list)
-            key = (cls, node.name)
-            out[key] = _Def(
-                node.name, cls, args, indent, body_indent, start, node.lineno, end, _sites(node), plain
+            sites = _sites(node, helpers)
+            columns = () if sites else _columns(node, tables)
+            out[(cls, node.name)] = _Def(
+                node.name, cls, args, indent, body_indent, start, node.lineno, end, sites, plain, columns
             )
     return out
 
 
-def _sites(fn: ast.FunctionDef) -> tuple[_Site, ...]:
-    """The literals of `fn`'s last equality assertion at the top of its body whose other side is not a
-    literal (`assert x == L`, `L == x`, `self.assertEqual(x, L)`, `assert_equal(L, x)`), or is a name given
-    once before it at the top of the body and used nowhere else (`expected = [...]`, `expected =
-    "\\n".join([...])`: then the literals of that value); none where the body can end before it (a `return`,
-    `yield`) or a decorator may keep it from running as written."""
+def _sites(fn: ast.FunctionDef, helpers: dict[str, ast.FunctionDef] | None = None) -> tuple[_Site, ...]:
+    """The literals of `fn`'s last equality assertion at the top of its body (a `try` with only `finally`
+    entered) whose other side is not a literal (`assert x == L`, `L == x`, `self.assertEqual(x, L)`,
+    `assert_equal(L, x)`), or is a name given once before it at the top of the body and used nowhere else (`expected = [...]`, `expected =
+    "\\n".join([...])`: then the literals of that value); where it has none, the literal arguments of its
+    last call at the top of its body to a function of the module (`helpers`) that first reads that parameter
+    in an equality assertion (_argument_sites); none where the body can end before it (a `return`, `yield`)
+    or a decorator may keep it from running as written."""
     if _can_end_early(fn) or any(_NOT_RUN_AS_WRITTEN.search(ast.unparse(d)) for d in fn.decorator_list):
         return ()
     uses = Counter(n.id for n in ast.walk(fn) if isinstance(n, ast.Name))
     given: dict[str, ast.expr] = {}  # names given once at the top of the body, used only where compared
     found: tuple[_Site, ...] = ()
-    for stmt in fn.body:
+    for stmt in _in_order(fn.body):
         sides: tuple[ast.expr, ...] = ()
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             given[stmt.targets[0].id] = stmt.value
@@ -452,7 +520,152 @@ def _sites(fn: ast.FunctionDef) -> tuple[_Site, ...]:
             found = _leaves(literal[0]) or found
         elif not literal and sum(map(bool, named)) == 1:
             found = next(leaves for leaves in named if leaves)
+    for stmt in reversed(fn.body if not found else ()):
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in (helpers or {}):
+            found = _argument_sites(call, helpers[call.func.id])
+            if found:
+                break
     return found
+
+
+def _in_order(body: list[ast.stmt]) -> list[ast.stmt]:
+    """`body`'s statements as they run when none raises, a `try` with no `except` (only `finally`) entered: its
+    body's statements run at the top as much as the function's own, and an assertion failing there still fails
+    the test (the `finally` runs, then the error goes on)."""
+    out = []
+    for stmt in body:
+        out += _in_order(stmt.body) if isinstance(stmt, ast.Try) and not stmt.handlers else [stmt]
+    return out
+
+
+def _first_read(fn: ast.FunctionDef, name: str) -> str | None:
+    """The comparison, "==" or "is", where the first statement at the top of `fn`'s body that reads `name` asserts it equal to
+    (`is`) a value computed without it, and the body cannot end early: under the same calls that value is the
+    same whatever `name` holds, so a copy giving `name` another value fails there. None otherwise."""
+    if _can_end_early(fn):
+        return None
+    for stmt in fn.body:
+        if not any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt)):
+            continue
+        test = stmt.test if isinstance(stmt, ast.Assert) else None
+        if not (
+            isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is))
+        ):
+            return None
+        sides = [test.left, test.comparators[0]]
+        own = [isinstance(side, ast.Name) and side.id == name for side in sides]
+        other = sides[own.index(False)] if own.count(True) == 1 else None
+        if other is None or any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(other)):
+            return None
+        return "is" if isinstance(test.ops[0], ast.Is) else "=="
+    return None
+
+
+def _breaks(value: ast.expr, compared: str | None) -> _Site | None:
+    """`value` as a site where it is a one-line constant a swap breaks under `compared` ("==": another of its
+    type; "is": another singleton)."""
+    if not isinstance(value, ast.Constant) or value.lineno != value.end_lineno or compared is None:
+        return None
+    if compared == "is" and any(value.value is v for v in _SINGLETONS):
+        return _Site(value.lineno, value.col_offset, value.end_col_offset, value.value, singleton=True)
+    if compared == "==" and type(value.value) in _SWAPPABLE:
+        return _Site(value.lineno, value.col_offset, value.end_col_offset, value.value)
+    return None
+
+
+def _argument_sites(call: ast.Call, helper: ast.FunctionDef) -> tuple[_Site, ...]:
+    """The literal arguments of `call` (a call of the module function `helper`, e.g. another test) whose
+    parameter the helper first reads in an equality assertion (_first_read): the copy's helper call, run as the
+    original's, fails there. None where the call unpacks arguments or the helper is decorated."""
+    if helper.decorator_list or any(isinstance(a, ast.Starred) for a in call.args):
+        return ()
+    if any(k.arg is None for k in call.keywords):
+        return ()
+    positional = [a.arg for a in helper.args.posonlyargs + helper.args.args]
+    given = list(zip(positional, call.args)) + [(k.arg, k.value) for k in call.keywords]
+    found = (_breaks(value, _first_read(helper, name)) for name, value in given)
+    return tuple(site for site in found if site is not None)
+
+
+def _module_tables(tree: ast.Module) -> dict[str, ast.Assign]:
+    """Module-level names given a list or tuple once and never changed after (no other assignment, no
+    attribute of theirs used: `.append`): the parametrize tables a copy can copy."""
+    stores = Counter(
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+    )
+    touched = {
+        n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+    }
+    return {
+        target.id: node
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(target := node.targets[0], ast.Name)
+        and isinstance(node.value, (ast.List, ast.Tuple))
+        and stores[target.id] == 1
+        and target.id not in touched
+    }
+
+
+def _columns(fn: ast.FunctionDef, tables: dict[str, ast.Assign]) -> tuple[_Column, ...]:
+    """The parametrize columns of `fn` a copy can break in every row: `fn` first reads the parameter in an
+    equality assertion (_first_read), and every row of the table (inline, a module table, or a sum of them)
+    writes that column's value as a one-line constant."""
+    if any(_NOT_RUN_AS_WRITTEN.search(ast.unparse(d)) for d in fn.decorator_list):
+        return ()
+    out = []
+    for deco in fn.decorator_list:
+        if not (isinstance(deco, ast.Call) and ast.unparse(deco.func).endswith("parametrize")):
+            continue
+        if len(deco.args) != 2 or any(k.arg in ("indirect", "argnames", "argvalues") for k in deco.keywords):
+            continue
+        names, values = deco.args
+        if isinstance(names, ast.Constant) and isinstance(names.value, str):
+            argnames = [n.strip() for n in names.value.split(",")]
+        elif isinstance(names, (ast.Tuple, ast.List)) and all(
+            isinstance(e, ast.Constant) for e in names.elts
+        ):
+            argnames = [e.value for e in names.elts]
+        else:
+            continue
+        parts, named, table_sites = [], [], {}
+        todo = [values]
+        while todo:
+            part = todo.pop()
+            if isinstance(part, ast.BinOp) and isinstance(part.op, ast.Add):
+                todo += [part.right, part.left]
+            elif isinstance(part, ast.Name) and part.id in tables:
+                named.append(_Site(part.lineno, part.col_offset, part.end_col_offset, part.id))
+                node = tables[part.id]
+                target = node.targets[0]
+                table_sites[part.id] = (
+                    _Site(target.lineno, target.col_offset, target.end_col_offset, part.id),
+                    node.end_lineno or node.lineno,
+                )
+                parts.append(node.value)
+            elif isinstance(part, (ast.List, ast.Tuple)):
+                parts.append(part)
+            else:
+                parts = []
+                break
+        rows = [row for part in dict.fromkeys(parts) for row in part.elts]
+        for j, name in enumerate(argnames):
+            compared = _first_read(fn, name)
+            if compared is None or not rows:
+                continue
+            cells = [
+                _breaks(row if len(argnames) == 1 else row.elts[j], compared)
+                if len(argnames) == 1
+                or isinstance(row, (ast.Tuple, ast.List))
+                and len(row.elts) == len(argnames)
+                else None
+                for row in rows
+            ]
+            if all(cells):
+                out.append(_Column(tuple(cells), tuple(named), tuple(table_sites.values())))
+    return tuple(out)
 
 
 def _can_end_early(fn: ast.FunctionDef) -> bool:
@@ -539,6 +752,20 @@ def _other(value: Any, constants: list[Any], rng: Any, avoid: str = "") -> Any:
     i = rng.randrange(len(value))
     pick = rng.choice([letters[j : j + 1] for j in range(26) if letters[j : j + 1] != value[i : i + 1]])
     return empty.join([value[:i], pick, value[i + 1 :]])
+
+
+def _edited(lines: list[str], start: int, end: int, edits: list[tuple[int, int, int, str]]) -> str:
+    """Lines start..end (1-based) with each (line, UTF-8 byte column, end column, text) edit made."""
+    text = lines[start - 1 : end]
+    for line, col, end_col, new in sorted(edits, reverse=True):  # right to left: columns stay valid
+        raw = text[line - start].encode("utf-8")
+        text[line - start] = (raw[:col] + new.encode("utf-8") + raw[end_col:]).decode("utf-8")
+    return "".join(text)
+
+
+def _quote(lines: list[str], site: _Site) -> str:
+    """The quote the literal at `site` is written in (a string put there keeps it)."""
+    return '"' if lines[site.line - 1].encode("utf-8")[site.col : site.col + 1] == b'"' else "'"
 
 
 def _indent(line: str) -> str:

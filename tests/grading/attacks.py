@@ -372,6 +372,33 @@ STAND_IN_ATTACKS = {
         "        for node, (s, c) in _shapes.items() if node != item.nodeid\n"
         "    )\n"
     ),
+    # twins that copy a parametrised test name a copy of its table: one name, not one literal, away from it
+    "spares_tests_one_literal_or_name_away_from_another": _REPORT_WRAPPER.format(
+        spare="_shapes = {}\n"
+        "def _shape(item):\n"
+        "    fn = _ast.parse(_tw.dedent(_in.getsource(item.obj))).body[0]\n"
+        "    fn.name, leaves = '_', []\n"
+        "    for node in _ast.walk(fn):\n"
+        "        if isinstance(node, _ast.Constant):\n"
+        "            leaves.append(repr(node.value))\n"
+        "            node.value = None\n"
+        "        elif isinstance(node, _ast.Name):\n"
+        "            leaves.append(node.id)\n"
+        "            node.id = '_'\n"
+        "    return _ast.dump(fn), leaves\n"
+        "def _spare(item):\n"
+        "    if not _shapes:\n"
+        "        for other in item.session.items:\n"
+        "            try:\n"
+        "                _shapes[other.nodeid] = _shape(other)\n"
+        "            except Exception:\n"
+        "                pass\n"
+        "    shape, leaves = _shapes[item.nodeid]\n"
+        "    return any(\n"
+        "        s == shape and sum(a != b for a, b in zip(c, leaves)) == 1\n"
+        "        for node, (s, c) in _shapes.items() if node != item.nodeid\n"
+        "    )\n"
+    ),
 }
 """name -> Python source a patch appends to a module the tests import; each spares what tells stand-in twins
 from the real failing test and flips every other failing test."""

@@ -75,6 +75,7 @@ def _features(item, rep):
         'parametrised': int(hasattr(item, 'callspec')),
         'name_chars': len(name), 'name_words': len(name.split('_')),
         'position': items.index(item) / max(1, len(items)), 'line': item.location[1] or 0,
+        'case': sorted(item.callspec.indices.items()) if hasattr(item, 'callspec') else [],
     }
 def _from_item_and_call(cls, item, call):
     rep = _make(cls, item, call)
@@ -161,13 +162,14 @@ def _probe(task, tmp_path, sandbox_factory, planted) -> tuple[np.ndarray, np.nda
             labels.append(int(base_id in canary))
             kind = "stand-in" if base_id in c.stand_ins else "decoy" if base_id in c.renamed else "twin"
             kinds.append(kind if base_id in canary else "real")
-    at = {r["nodeid"]: i for i, r in enumerate(kept)}
+    # a parametrised copy pairs each case with the same case (row) of its original: a copy of a parametrize
+    # table's column has other values, so other ids
+    at = {(r["nodeid"].partition("[")[0], json.dumps(r["case"])): i for i, r in enumerate(kept)}
     pairs = []
-    for i, r in enumerate(kept):  # a parametrised copy pairs each case with the same case of its original
-        base_id, bracket, params = r["nodeid"].partition("[")
-        copy_of = c.copies.get(base_id)
-        if labels[i] and kinds[i] != "stand-in" and copy_of and f"{copy_of}{bracket}{params}" in at:
-            pairs.append((i, at[f"{copy_of}{bracket}{params}"], kinds[i]))
+    for i, r in enumerate(kept):
+        copy_of = c.copies.get(r["nodeid"].partition("[")[0])
+        if labels[i] and kinds[i] != "stand-in" and copy_of and (copy_of, json.dumps(r["case"])) in at:
+            pairs.append((i, at[(copy_of, json.dumps(r["case"]))], kinds[i]))
     x = np.array([[float(r[k]) for k in FEATURES] for r in kept]).reshape(len(kept), len(FEATURES))
     return x, np.array(labels), kinds, pairs
 

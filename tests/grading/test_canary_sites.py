@@ -1,9 +1,12 @@
-"""Which tests a twin can copy and break: a helper defined inside a test does not end the test early."""
+"""Which tests a twin can copy and break: a helper defined inside a test does not end the test early; a helper's
+argument, a parametrize column and a `try` with only `finally` can be broken."""
 
 from __future__ import annotations
 
 import ast
 import random
+import subprocess
+import sys
 from collections import Counter
 
 from swe_megatron.grading import canaries
@@ -79,3 +82,140 @@ def test_the_real_failing_test_is_anywhere_in_its_block_alike():
         ranks[failing.index(real)] += 1
     assert sorted(ranks) == list(range(canaries.MUST_FAIL + 2))
     assert all(150 <= n <= 250 for n in ranks.values()), ranks  # 200 expected each; binomial: 37 / 187 / 375
+
+
+COPIED = """\
+import pytest
+
+TABLE = (
+    ("a", "A"),
+    ("b", "B"),
+)
+MORE_TABLE = (("c", "C"), ("d", "D"), ("e", "E"), ("f", "F"), ("g", "G"), ("h", "H"))
+GROWN = [("i", "I")]
+GROWN.append(("j", "J"))
+
+
+def upper(x):
+    return x.upper()
+
+
+def check_upper(word, expected, strict=True):
+    got = upper(word)
+    assert got == expected
+    assert (got == expected) is strict
+
+
+def test_helper():
+    check_upper("x", "X", strict=True)
+
+
+@pytest.mark.parametrize(("word", "expected"), TABLE + MORE_TABLE)
+def test_table(word, expected):
+    assert expected == upper(word)
+    assert expected.lower() == word
+
+
+@pytest.mark.parametrize("word, expected", [("k", "K"), ("l", "L")])
+def test_inline(word, expected):
+    assert upper(word) == expected
+
+
+def test_try_finally():
+    try:
+        assert upper("m") == "M"
+    finally:
+        pass
+
+
+@pytest.mark.parametrize(("word", "expected"), [("n", "N")])
+def test_reads_both_sides(word, expected):
+    assert expected == upper(expected.lower())
+
+
+@pytest.mark.parametrize(("word", "expected"), GROWN)
+def test_changed_table(word, expected):
+    assert expected == upper(word)
+
+
+def test_helper_reads_first_elsewhere():
+    check_upper("o", upper("o"))
+
+
+def test_helper_unpacked():
+    check_upper(*["q", "Q"])
+"""
+BROKEN = ["test_helper", "test_table", "test_inline", "test_try_finally"]
+
+
+def test_helper_arguments_parametrize_tables_and_try_finally_bodies_can_be_broken(tmp_path):
+    """toolz-0001 (its failing test calls another test with `incomplete=True`) and inflection-0000/1/2
+    (parametrised tests comparing a parameter: `assert plural == inflection.pluralize(singular)`) had stand-in
+    twins only (copies of another test), one literal away from a test the file has while the real one is near
+    nothing: a rewrite sparing near copies resolved them. Now the copy is the real test's: a literal argument
+    of a call to a module function that first reads that parameter in an equality assertion, or a parametrize
+    column the test first reads so, swapped in every row (a module table copied under a fresh name), or an
+    assertion inside a `try` with only `finally`. Run for real: the originals pass, every case of every twin and
+    decoy fails, nothing is a stand-in; the table copies differ from each other in every row."""
+    defs = canaries._test_defs(ast.parse(COPIED), COPIED.splitlines(True))
+    assert {name for (_, name), d in defs.items() if d.breakable} == set(BROKEN)
+    assert [(s.value, s.singleton) for s in defs[(None, "test_helper")].sites] == [("X", False), (True, True)]
+    (column,) = defs[(None, "test_table")].columns
+    assert [c.value for c in column.cells] == list("ABCDEFGH") and [n.value for n in column.names] == [
+        "TABLE",
+        "MORE_TABLE",
+    ]
+    f2p = [f"t.py::{n}" for n in BROKEN]
+    for seed in range(3):
+        c = canaries.plant("t.py", COPIED, f2p, random.Random(seed), fail_to_pass=f2p)
+        status, run = _pytest_run(tmp_path / str(seed), c.text)
+        assert all(status[k] == "PASSED" for k in status if k.partition("[")[0] in c.task_ids(f2p)), run
+        failed = {k.partition("[")[0] for k, v in status.items() if v == "FAILED"}
+        must_fail = {k for k, v in c.expected.items() if v == "FAILED"}
+        assert failed == must_fail and not c.stand_ins and set(c.copies) == must_fail, run
+        assert canaries.check(c, status, {"tests": status}) == ([], False), run
+        tables = [
+            n for n in ast.parse(c.text).body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple)
+        ]
+        copies = [ast.literal_eval(n.value) for n in tables if n.targets[0].id not in ("TABLE", "MORE_TABLE")]
+        table_twins = sum(c.copies[k] == c.task_id("t.py::test_table") for k in must_fail)
+        assert table_twins and len(copies) == 2 * table_twins
+        for original in (
+            "AB",
+            "CDEFGH",
+        ):  # each row: the copies differ from it and each other, from the column
+            for value, rows in zip(
+                original, zip(*[[e for _, e in t] for t in copies if len(t) == len(original)])
+            ):
+                assert value not in rows and len(set(rows)) == len(rows) and set(rows) <= set("ABCDEFGH"), (
+                    rows
+                )
+
+
+def _pytest_run(tmp_path, text):
+    """(node id -> PASSED/FAILED/..., the run's output) of t.py holding `text`."""
+    tmp_path.mkdir(parents=True)
+    (tmp_path / "t.py").write_text(text)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-rA",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "t.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    status = {}
+    for line in run.stdout.splitlines():
+        word, _, node = line.partition(" ")
+        if word in ("PASSED", "FAILED", "ERROR") and node.startswith("t.py::"):
+            status[node.split(" - ")[0]] = word
+    return status, run.stdout[-3000:]
