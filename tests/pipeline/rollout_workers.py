@@ -105,5 +105,13 @@ class ProbeSpec:
         return ProbeWorker(FakeRollouts(), gate, rotations)
 
 
+@dataclass
+class BrokenSpec:
+    """A spec whose build fails in the child (e.g. a server it cannot reach)."""
+
+    def build(self) -> ProbeWorker:
+        raise RuntimeError("no vLLM server answers")
+
+
 def rotation(kind: str, *names: str) -> Rotation:
     return Rotation(kind, names, lambda i: "down")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout_workers import ProbeSpec, SlowEngine, rotation
+from rollout_workers import BrokenSpec, ProbeSpec, SlowEngine, rotation
 
 from swe_megatron.engine.gate import VersionGate
 from swe_megatron.pipeline.ahead import STOPPING, Ahead
@@ -66,6 +66,28 @@ def test_the_child_imports_the_given_paths_first_and_keeps_the_inherited_pythonp
             assert proc.roll("env", "PYTHONPATH") == want
         finally:
             proc.close()
+
+
+def test_a_spec_that_fails_to_build_in_the_child_fails_the_start_with_its_error():
+    with pytest.raises(RuntimeError, match="^no vLLM server answers") as err:
+        _start(BrokenSpec())
+    assert any("in the rollout process" in n for n in err.value.__notes__)
+
+
+def test_rolls_asked_at_once_run_one_after_the_other():
+    """One unit at a time: a roll asked while another runs starts when that one has ended."""
+    proc = _start(ProbeSpec(turn_s=0.3))
+    try:
+        got: list = []
+        rolls = [threading.Thread(target=lambda: got.append(proc.roll("turns", 1)[0])) for _ in range(2)]
+        for t in rolls:
+            t.start()
+        for t in rolls:
+            t.join()
+    finally:
+        proc.close()
+    (start_a, end_a, _), (start_b, end_b, _) = sorted(got)
+    assert start_b >= end_a, got
 
 
 def test_an_error_that_does_not_pickle_comes_back_as_its_text():
