@@ -9,7 +9,13 @@ import warnings
 import pytest
 
 from swe_megatron.config.load import CapacityWarning, load_config
-from swe_megatron.rollout.plan import RolloutAssumptions, format_phases, kv_tokens_per_server, rollout_phase
+from swe_megatron.rollout.plan import (
+    RolloutAssumptions,
+    describe_assumptions,
+    format_phases,
+    kv_tokens_per_server,
+    rollout_phase,
+)
 
 GIB = 2**30
 A = RolloutAssumptions()
@@ -94,3 +100,8 @@ def test_format_phases_prints_the_hand_worked_figures():
     assert [line.split(":")[0].strip() for line in lines[2:]] == ["rft", "stage1", "stage2"]
     uncached = format_phases(_cfg(), RolloutAssumptions(prefix_cache=False)).splitlines()[3]
     assert "prefilled 1008.0M (no prefix cache; without it 1.01G); engine-bound 62 min" in uncached
+
+
+def test_the_assumptions_say_whether_the_prefix_cache_is_counted():
+    assert describe_assumptions(RolloutAssumptions(prefix_cache=True)).endswith(", prefix cache on")
+    assert describe_assumptions(RolloutAssumptions(prefix_cache=False)).endswith(", prefix cache off")
