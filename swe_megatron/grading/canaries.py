@@ -121,6 +121,7 @@ class _Site:
     value: Any
     avoid: str = ""  # a text the swapped-in constant may not contain
     singleton: bool = False  # the right side of `is`: swapped for another of True, False, None
+    loose: bool = False  # a singleton compared by `is` through a name: any other constant fails it too
 
 
 @dataclass(frozen=True)
@@ -214,33 +215,53 @@ def plant(
             inserts.setdefault(beside.start - 1, []).extend(text + gap for text in texts[:cut])
             inserts.setdefault(beside.end, []).extend(gap + text for text in texts[cut:])
 
-    drawn: dict[tuple[int, int], set] = {}  # a table cell -> the values copies put there already
+    drawn: dict[tuple[int, int], Counter] = {}  # a site -> how often copies put each (type, value) there
+
+    def pick(site: _Site, pool: list[Any]) -> Any:
+        """Another value for `site` than its own, one no earlier copy put there where the file allows (copies of
+        one test that came out the same would tell them from the real one, which matches none): `pool` (a
+        column's own values) first, then the file's constants; a singleton another singleton (loose: then any
+        constant of the file, as `is` fails with any other object)."""
+        seen = drawn.setdefault((site.line, site.col), Counter())
+        if site.singleton:
+            options = [[v for v in _SINGLETONS if v is not site.value]]
+            options += [[c for c in constants if type(c) in (int, str)]] if site.loose else []
+        else:
+            options = [
+                [
+                    v
+                    for v in vs
+                    if type(v) is type(site.value)
+                    and v != site.value
+                    and not (site.avoid and site.avoid in v)
+                ]
+                for vs in (pool, constants)
+            ]
+        unused = next(
+            (vs for vs in ([v for v in vs if (type(v), v) not in seen] for vs in options) if vs), []
+        )
+        if unused:
+            other = rng.choice(unused)
+        else:  # a value of its own near the old one; else the most used again, so one copy stays unlike the rest
+            tries = [] if site.singleton else [_other(site.value, [], rng, site.avoid) for _ in range(8)]
+            new = [v for v in tries if (type(v), v) not in seen]
+            other = new[0] if new else max(seen, key=seen.__getitem__)[1]
+        seen[(type(other), other)] += 1
+        return other
 
     def broken(template: _Def, name: str) -> str:
         """`template` copied under `name`, one literal of its last equality assertion swapped; or, where it has
         none, one column of its parametrize table swapped in every row (the tables it names copied under fresh
         names beside the originals)."""
-        if template.sites:
-            return _copy(template, pristine, name, rng.choice(template.sites), constants, rng)
-        column = rng.choice(template.columns)
-        pool = [c.value for c in column.cells]  # the column's own values first, as a real table would have
-        edits = []
-        for cell in column.cells:
-            seen = drawn.setdefault((cell.line, cell.col), set())  # copies differ from each other too
-            if cell.singleton:
-                others = [v for v in _SINGLETONS if v is not cell.value]
-                other = rng.choice([v for v in others if v not in seen] or others)
-            else:
-                fits = [
-                    [v for v in vs if type(v) is type(cell.value) and v != cell.value]
-                    for vs in (pool, constants)
-                ]
-                fresh_fits = [[v for v in vs if v not in seen] for vs in fits]  # the column's own first
-                other = _other(
-                    cell.value, fresh_fits[0] or fresh_fits[1] or fits[0] + fits[1], rng, cell.avoid
-                )
-            seen.add(other)
-            edits.append((cell.line, cell.col, cell.end_col, _literal(other, _quote(pristine, cell))))
+        column = rng.choice(template.columns) if not template.sites else None
+        if column is None:  # a site none of the template's copies changed yet, if any
+            fresh = [s for s in template.sites if (s.line, s.col) not in drawn]
+            cells, pool = (rng.choice(fresh or template.sites),), []
+        else:
+            cells, pool = column.cells, [c.value for c in column.cells]  # the column's own values first
+        edits = [(c.line, c.col, c.end_col, _literal(pick(c, pool), _quote(pristine, c))) for c in cells]
+        if column is None:
+            column = _Column((), (), ())
         renames = {}
         for target, end in column.tables:
             fresh_table = _fresh_name(target.value.lower(), table_words, {t.lower() for t in taken}, rng)
@@ -568,7 +589,9 @@ def _breaks(value: ast.expr, compared: str | None) -> _Site | None:
     if not isinstance(value, ast.Constant) or value.lineno != value.end_lineno or compared is None:
         return None
     if compared == "is" and any(value.value is v for v in _SINGLETONS):
-        return _Site(value.lineno, value.col_offset, value.end_col_offset, value.value, singleton=True)
+        return _Site(
+            value.lineno, value.col_offset, value.end_col_offset, value.value, singleton=True, loose=True
+        )
     if compared == "==" and type(value.value) in _SWAPPABLE:
         return _Site(value.lineno, value.col_offset, value.end_col_offset, value.value)
     return None
@@ -704,10 +727,16 @@ def _leaves(value: ast.expr) -> tuple[_Site, ...]:
         value, avoid = value.args[0], sep
     elif not _is_literal(value):
         return ()
+    # not a dict's keys: another key can leave the dict equal to what an __eq__ reads of it (semver compares
+    # {"major": 1, "minor": 0, "patch": 0}; "patch" -> "build" still equals 1.0.0), or repeat a key
+    keys = {id(k) for d in ast.walk(value) if isinstance(d, ast.Dict) for k in d.keys if k is not None}
     return tuple(
         _Site(c.lineno, c.col_offset, c.end_col_offset, c.value, avoid)
         for c in ast.walk(value)
-        if isinstance(c, ast.Constant) and type(c.value) in _SWAPPABLE and c.lineno == c.end_lineno
+        if isinstance(c, ast.Constant)
+        and type(c.value) in _SWAPPABLE
+        and c.lineno == c.end_lineno
+        and id(c) not in keys
     )
 
 

@@ -399,6 +399,26 @@ STAND_IN_ATTACKS = {
         "        for node, (s, c) in _shapes.items() if node != item.nodeid\n"
         "    )\n"
     ),
+    # the real test matches none of its copies; copies that came out the same (five copies, two other singletons)
+    # match each other
+    "spares_tests_with_an_exact_copy": _REPORT_WRAPPER.format(
+        spare="_shapes = {}\n"
+        "def _shape(item):\n"
+        "    fn = _ast.parse(_tw.dedent(_in.getsource(item.obj))).body[0]\n"
+        "    fn.name = '_'\n"
+        "    return _ast.dump(fn)\n"
+        "def _spare(item):\n"
+        "    if not _shapes:\n"
+        "        for other in item.session.items:\n"
+        "            try:\n"
+        "                _shapes[other.nodeid] = _shape(other)\n"
+        "            except Exception:\n"
+        "                pass\n"
+        "    own = item.nodeid.partition('[')[0]\n"
+        "    return any(\n"
+        "        s == _shapes[item.nodeid] and node.partition('[')[0] != own for node, s in _shapes.items()\n"
+        "    )\n"
+    ),
 }
 """name -> Python source a patch appends to a module the tests import; each spares what tells stand-in twins
 from the real failing test and flips every other failing test."""

@@ -219,3 +219,59 @@ def _pytest_run(tmp_path, text):
         if word in ("PASSED", "FAILED", "ERROR") and node.startswith("t.py::"):
             status[node.split(" - ")[0]] = word
     return status, run.stdout[-3000:]
+
+
+ALIKE = """\
+from lib import f, g, h
+
+WORDS = ("a", "b", "c", "d")
+
+
+def check(value, strict=False):
+    assert f(value) is strict
+
+
+def test_through_a_helper():
+    check(1, strict=True)
+
+
+def test_singleton():
+    assert g() is None
+
+
+def test_number():
+    assert h() == 7
+"""
+
+
+def test_copies_of_one_test_differ_from_each_other_where_the_file_allows():
+    """The real test matches none of its copies, so copies that came out the same would single it out: a rewrite
+    sparing failing tests that have an exact copy among the others (attacks.STAND_IN_ATTACKS) won 32 of 50
+    plantings on toolz-0001, whose five copies each put False or None where the real test has True. Now each
+    copy of a test takes a value no earlier copy put there: another singleton, then (a singleton compared by `is`
+    through a parameter) any constant of the file, or a number near the old. A direct `is None` has only two
+    others for five copies: the most used is reused, so one copy at least stays unlike the rest."""
+    for name in ("test_through_a_helper", "test_singleton", "test_number"):
+        for seed in range(50):
+            c = canaries.plant(
+                "t.py", ALIKE, [f"t.py::{name}"], random.Random(seed), fail_to_pass=[f"t.py::{name}"]
+            )
+            bodies = Counter(
+                ast.dump(ast.parse(ast.unparse(n)).body[0].body[0])
+                for n in ast.parse(c.text).body
+                if isinstance(n, ast.FunctionDef) and f"t.py::{n.name}" in c.expected
+            )
+            assert sum(bodies.values()) == canaries.MUST_FAIL + canaries.MUST_PASS + 1
+            if name == "test_singleton":
+                assert 1 in bodies.values(), bodies
+            else:
+                assert set(bodies.values()) == {1}, bodies
+
+
+def test_a_dict_literal_is_broken_in_its_values_not_its_keys():
+    """semver-0002's gold was once unresolved: a decoy of `assert version == {"major": 1, "minor": 0, "patch": 0}`
+    swapped "patch" for another string of the file, and Version's __eq__ (which reads the dict as keyword
+    arguments) found the copy equal too. Another key can also repeat one and drop a value."""
+    src = 'def test_d():\n    assert v == {"major": 1, "minor": (0, "x")}\n'
+    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
+    assert [s.value for s in defs[(None, "test_d")].sites] == [1, 0, "x"]
