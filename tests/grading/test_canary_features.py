@@ -162,14 +162,18 @@ def _probe(task, tmp_path, sandbox_factory, planted) -> tuple[np.ndarray, np.nda
             labels.append(int(base_id in canary))
             kind = "stand-in" if base_id in c.stand_ins else "decoy" if base_id in c.renamed else "twin"
             kinds.append(kind if base_id in canary else "real")
-    # a parametrised copy pairs each case with the same case (row) of its original: a copy of a parametrize
-    # table's column has other values, so other ids
+    # a parametrised copy pairs its first case that has one with the same case (row) of its original (a copy of
+    # a parametrize table's column has other values, so other ids); one pair per copy: the cases of one copy
+    # share its place, name and code, and counted apart they would make one task's draw look like many
     at = {(r["nodeid"].partition("[")[0], json.dumps(r["case"])): i for i, r in enumerate(kept)}
-    pairs = []
+    pairs, paired = [], set()
     for i, r in enumerate(kept):
-        copy_of = c.copies.get(r["nodeid"].partition("[")[0])
-        if labels[i] and kinds[i] != "stand-in" and copy_of and (copy_of, json.dumps(r["case"])) in at:
-            pairs.append((i, at[(copy_of, json.dumps(r["case"]))], kinds[i]))
+        base_id = r["nodeid"].partition("[")[0]
+        copy_of = c.copies.get(base_id)
+        real = at.get((copy_of, json.dumps(r["case"])))
+        if labels[i] and kinds[i] != "stand-in" and real is not None and base_id not in paired:
+            pairs.append((i, real, kinds[i]))
+            paired.add(base_id)
     x = np.array([[float(r[k]) for k in FEATURES] for r in kept]).reshape(len(kept), len(FEATURES))
     return x, np.array(labels), kinds, pairs
 
