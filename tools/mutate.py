@@ -24,7 +24,9 @@ Beyond mutmut (which only mutates function bodies, and picks each mutant's tests
   mutmut found no test for, or that survived its selected tests, is run again against all the given tests
   (its tests may reach the function only in a child, which mutmut's in-process coverage cannot see).
   Not reached: a child started with an environment of its own (no PYTHONPATH, no MUTANT_UNDER_TEST), which
-  imports the work tree through the editable install, and code copied out of the package into a sandbox.
+  imports the work tree through the editable install, code copied out of the package into a sandbox, and the
+  functions of a module run as `python -m` in its `__main__` copy (mutmut activates a mutant by module name, so
+  rollout_process.main's mutants never are; what main calls through the imported module is reached).
 """
 
 from __future__ import annotations
