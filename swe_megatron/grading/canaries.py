@@ -174,8 +174,10 @@ def plant(
     """
     rng = rng or secrets.SystemRandom()
     lines = io.StringIO(source, newline="").readlines()  # the tokenizer's line ends, unlike splitlines
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
+    first_end = re.search(r"\r\n|\r|\n", source)
+    eol = first_end.group() if first_end else "\n"  # the file's own: added lines must not stand out by their bytes
+    if lines and not lines[-1].endswith(("\r\n", "\r", "\n")):
+        lines[-1] += eol
     pristine = list(lines)
     try:
         tree = ast.parse(source)
@@ -209,7 +211,7 @@ def plant(
         flips only the middle of each block won 5 in 16 on a task with one failing test instead of 1 in 6. A
         blank line or two between, as written."""
         for beside, texts in companions.values():
-            gap = "\n" if beside.cls else "\n\n"
+            gap = eol if beside.cls else eol * 2
             rng.shuffle(texts)
             cut = rng.randrange(len(texts) + 1)
             inserts.setdefault(beside.start - 1, []).extend(text + gap for text in texts[:cut])
@@ -275,9 +277,9 @@ def plant(
                 + [(target.line, target.col, target.end_col, renames[target.value])],
             )
             if rng.random() < 0.5:
-                inserts.setdefault(target.line - 1, []).append(text + "\n")
+                inserts.setdefault(target.line - 1, []).append(text + eol)
             else:
-                inserts.setdefault(end, []).append("\n" + text)
+                inserts.setdefault(end, []).append(eol + text)
         edits = [e for e in edits if template.start <= e[0] <= template.end]  # an inline table's cells
         edits += [(n.line, n.col, n.end_col, renames[n.value]) for n in column.names]
         text = _edited(pristine, template.start, template.end, edits).splitlines(True)
@@ -289,8 +291,8 @@ def plant(
         quote = '"' if source.count('"') > source.count("'") else "'"
         x, y = (_literal(v, quote) for v in _pair(constants, equal, rng))
         if anchor is None:
-            return f"def {name}():\n    assert {x} == {y}\n"
-        return f"{anchor.indent}def {name}({anchor.args}):\n{anchor.body_indent}assert {x} == {y}\n"
+            return f"def {name}():{eol}    assert {x} == {y}{eol}"
+        return f"{anchor.indent}def {name}({anchor.args}):{eol}{anchor.body_indent}assert {x} == {y}{eol}"
 
     def must_fail(d: _Def, name: str) -> str:
         """A must-fail test under `name` beside `d`: d broken, else another listed test of its class broken,
@@ -323,7 +325,7 @@ def plant(
                 base = rng.choice(sorted(defs, key=str) or [("", "test")])[-1]
                 name = fresh(base)
                 stand_ins.add(f"{file}::{name}")
-                inserts.setdefault(len(lines), []).append("\n\n" + literal_body(None, name, want == "PASSED"))
+                inserts.setdefault(len(lines), []).append(eol * 2 + literal_body(None, name, want == "PASSED"))
             else:
                 name = fresh(anchor.name)
                 if want == "FAILED":

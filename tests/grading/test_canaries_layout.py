@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import io
 import random
+import re
 import string
 import tokenize
 
@@ -64,7 +65,7 @@ def _parses_with_each_twin_once(c: Canaries) -> dict[str, ast.FunctionDef]:
 
 def test_the_files_own_lines_stay_as_written_and_twins_are_laid_out_like_them():
     """Whatever the file's line ends (CRLF or CR kept: a string spanning lines keeps its value) and whether its last
-    line ends in one, its lines come back unchanged and in order, the text ends in a newline, and the twins sit
+    line ends in one, its lines come back unchanged and in order, the text ends in its line end, and the twins sit
     two blank lines from module-level code and one from a method, as the file has them."""
     variants = {
         "lf": LAYOUT,
@@ -80,9 +81,7 @@ def test_the_files_own_lines_stay_as_written_and_twins_are_laid_out_like_them():
             rest = iter(out)
             for line in io.StringIO(source, newline="").readlines():
                 assert any(o == line or o == line + "\n" for o in rest), (label, seed, line)
-            assert c.text.endswith("\n"), (label, seed)
-            if label == "cr":
-                continue  # the gaps beside twins are written "\n", which joins a CR end into one line end
+            assert c.text.endswith("\r" if label == "cr" else "\n"), (label, seed)
             lines = c.text.splitlines()
             tree = ast.parse(c.text)
             for node in tree.body:
@@ -421,3 +420,14 @@ def test_passing_must_fail_names_each_must_fail_canary_the_log_or_the_record_rep
 def test_breakable_reads_a_file_with_cr_line_ends():
     src = "def test_loop():\r    for x in (1, 2):\r        assert x\r\r\rdef test_eq():\r    assert f() == 2\r"
     assert breakable("t.py", src, ["t.py::test_eq"]) and not breakable("t.py", src, ["t.py::test_loop"])
+
+
+def test_a_planted_file_has_only_the_files_own_line_end():
+    """Twins, gaps and table copies end their lines as the file does: a bare "\\n" in a CRLF or CR file would pick
+    out every line the harness added by its bytes."""
+    for label, eol in (("crlf", "\r\n"), ("cr", "\r")):
+        source = LAYOUT.replace("\n", eol)
+        for seed in range(8):
+            text = plant(FILE, source, LAYOUT_IDS, random.Random(seed)).text
+            ends = re.findall(r"\r\n|\r|\n", text)
+            assert set(ends) == {eol}, (label, seed, sorted(set(ends)))
