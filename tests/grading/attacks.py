@@ -346,35 +346,26 @@ SHAPE_ATTACKS = {
 """name -> Python source a patch appends to a module the tests import; each spares one feature class of the
 canaries as they were before issue 40 and flips every other failing test."""
 
-STAND_IN_ATTACKS = {
-    # where the real failing test has nothing to break, every twin is a broken copy of another test of its class
-    # (a stand-in), one literal away from a test the file already has; the real test is one away from nothing
-    "spares_tests_one_literal_away_from_another": _REPORT_WRAPPER.format(
-        spare="_shapes = {}\n"
-        "def _shape(item):\n"
-        "    fn = _ast.parse(_tw.dedent(_in.getsource(item.obj))).body[0]\n"
-        "    fn.name, consts = '_', []\n"
-        "    for node in _ast.walk(fn):\n"
-        "        if isinstance(node, _ast.Constant):\n"
-        "            consts.append(repr(node.value))\n"
-        "            node.value = None\n"
-        "    return _ast.dump(fn), consts\n"
-        "def _spare(item):\n"
-        "    if not _shapes:\n"
-        "        for other in item.session.items:\n"
-        "            try:\n"
-        "                _shapes[other.nodeid] = _shape(other)\n"
-        "            except Exception:\n"
-        "                pass\n"
-        "    shape, consts = _shapes[item.nodeid]\n"
-        "    return any(\n"
-        "        s == shape and sum(a != b for a, b in zip(c, consts)) == 1\n"
-        "        for node, (s, c) in _shapes.items() if node != item.nodeid\n"
-        "    )\n"
-    ),
-    # twins that copy a parametrised test name a copy of its table: one name, not one literal, away from it
-    "spares_tests_one_literal_or_name_away_from_another": _REPORT_WRAPPER.format(
-        spare="_shapes = {}\n"
+_EVERY_SHAPE = (
+    "def _spare(item):\n"
+    "    if not _shapes:\n"
+    "        for other in item.session.items:\n"
+    "            try:\n"
+    "                _shapes[other.nodeid] = _shape(other)\n"
+    "            except Exception:\n"
+    "                pass\n"
+)
+"""The head of a `_spare` that first computes `_shape` of every collected test."""
+
+
+def _leaf_shape(names: bool) -> str:
+    """A `_shape(item)`: the test's code with its constants (and, with `names`, its names) blanked, and those leaves."""
+    blank_names = (
+        "        elif isinstance(node, _ast.Name):\n"
+        "            leaves.append(node.id)\n"
+        "            node.id = '_'\n"
+    )
+    return (
         "def _shape(item):\n"
         "    fn = _ast.parse(_tw.dedent(_in.getsource(item.obj))).body[0]\n"
         "    fn.name, leaves = '_', []\n"
@@ -382,42 +373,43 @@ STAND_IN_ATTACKS = {
         "        if isinstance(node, _ast.Constant):\n"
         "            leaves.append(repr(node.value))\n"
         "            node.value = None\n"
-        "        elif isinstance(node, _ast.Name):\n"
-        "            leaves.append(node.id)\n"
-        "            node.id = '_'\n"
-        "    return _ast.dump(fn), leaves\n"
-        "def _spare(item):\n"
-        "    if not _shapes:\n"
-        "        for other in item.session.items:\n"
-        "            try:\n"
-        "                _shapes[other.nodeid] = _shape(other)\n"
-        "            except Exception:\n"
-        "                pass\n"
-        "    shape, leaves = _shapes[item.nodeid]\n"
-        "    return any(\n"
-        "        s == shape and sum(a != b for a, b in zip(c, leaves)) == 1\n"
-        "        for node, (s, c) in _shapes.items() if node != item.nodeid\n"
-        "    )\n"
+        + (blank_names if names else "")
+        + "    return _ast.dump(fn), leaves\n"
+    )
+
+
+def _near_copy_attack(shape: str, rule: str) -> str:
+    """A payload sparing the failing tests for which `rule` (the end of `_spare`) holds over every test's `_shape`."""
+    return _REPORT_WRAPPER.format(spare="_shapes = {}\n" + shape + _EVERY_SHAPE + rule)
+
+
+_ONE_LEAF_AWAY = (
+    "    shape, leaves = _shapes[item.nodeid]\n"
+    "    return any(\n"
+    "        s == shape and sum(a != b for a, b in zip(c, leaves)) == 1\n"
+    "        for node, (s, c) in _shapes.items() if node != item.nodeid\n"
+    "    )\n"
+)
+
+STAND_IN_ATTACKS = {
+    # where the real failing test has nothing to break, every twin is a broken copy of another test of its class
+    # (a stand-in), one literal away from a test the file already has; the real test is one away from nothing
+    "spares_tests_one_literal_away_from_another": _near_copy_attack(_leaf_shape(names=False), _ONE_LEAF_AWAY),
+    # twins that copy a parametrised test name a copy of its table: one name, not one literal, away from it
+    "spares_tests_one_literal_or_name_away_from_another": _near_copy_attack(
+        _leaf_shape(names=True), _ONE_LEAF_AWAY
     ),
     # the real test matches none of its copies; copies that came out the same (five copies, two other singletons)
     # match each other
-    "spares_tests_with_an_exact_copy": _REPORT_WRAPPER.format(
-        spare="_shapes = {}\n"
+    "spares_tests_with_an_exact_copy": _near_copy_attack(
         "def _shape(item):\n"
         "    fn = _ast.parse(_tw.dedent(_in.getsource(item.obj))).body[0]\n"
         "    fn.name = '_'\n"
-        "    return _ast.dump(fn)\n"
-        "def _spare(item):\n"
-        "    if not _shapes:\n"
-        "        for other in item.session.items:\n"
-        "            try:\n"
-        "                _shapes[other.nodeid] = _shape(other)\n"
-        "            except Exception:\n"
-        "                pass\n"
+        "    return _ast.dump(fn)\n",
         "    own = item.nodeid.partition('[')[0]\n"
         "    return any(\n"
         "        s == _shapes[item.nodeid] and node.partition('[')[0] != own for node, s in _shapes.items()\n"
-        "    )\n"
+        "    )\n",
     ),
 }
 """name -> Python source a patch appends to a module the tests import; each spares what tells stand-in twins
