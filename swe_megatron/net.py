@@ -76,8 +76,9 @@ def wait_healthy(
         time.sleep(interval_s)
 
 
-CONNECTION_LOST = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
-"""What a request on a connection the server has closed raises."""
+CONNECTION_LOST = (BrokenPipeError, ConnectionResetError)
+"""What a request on a connection the server has closed raises (http.client.RemoteDisconnected, an EOF where the
+answer should be, is a ConnectionResetError)."""
 
 
 class ConnectionPool:

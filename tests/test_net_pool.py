@@ -265,3 +265,84 @@ def test_close_closes_the_kept_connections(counting_server):
     while seen["closed"] == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert seen["closed"] == 1
+
+
+def _second_request_lost(how: str):
+    """A raw HTTP/1.1 server on localhost whose first connection answers its first request kept-alive and then, on
+    the second request it reads, closes without an answer: `fin` (the client reads EOF: RemoteDisconnected) or
+    `rst` (SO_LINGER 0: the client's read is reset, ConnectionResetError). Later connections answer every request.
+    (port, requests read per connection, stop)."""
+    import socket
+    import struct
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    reads: list[int] = []
+
+    def request(conn, buf):
+        while b"\r\n\r\n" not in buf:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        length = next((int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:])
+                       if k.strip().lower() == b"content-length"), 0)  # fmt: skip
+        while len(rest) < length:
+            rest += conn.recv(65536)
+        return rest[length:]
+
+    def serve(conn, first: bool):
+        n = len(reads)
+        reads.append(0)
+        buf = b""
+        with conn:
+            while (buf := request(conn, buf)) is not None:
+                reads[n] += 1
+                if first and reads[n] == 2:
+                    if how == "rst":
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    def accept():
+        first = True
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn, first), daemon=True).start()
+            first = False
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv.getsockname()[1], reads, srv.close
+
+
+@pytest.mark.parametrize(
+    "how, lost", [("fin", http.client.RemoteDisconnected), ("rst", ConnectionResetError)]
+)
+def test_a_kept_connection_lost_at_the_answer_is_retried_on_a_new_one(how, lost):
+    """A kept connection the server drops as the request arrives (its idle timeout racing the request) fails with
+    `lost` (checked on a raw connection), and exchange() retries it once on a new connection."""
+    port, reads, stop = _second_request_lost(how)
+    try:
+        raw = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for i in range(2):
+            raw.request("POST", "/", body=b"x")
+            if i == 0:
+                assert raw.getresponse().read() == b"ok"
+        with pytest.raises(lost):
+            raw.getresponse()
+        raw.close()
+        port2, reads, stop2 = _second_request_lost(how)
+        try:
+            p = ConnectionPool("127.0.0.1", port2, 10.0)
+            assert p.exchange("POST", "/", b"x") == (200, b"ok")
+            # lost on the kept connection, answered on a new one
+            assert p.exchange("POST", "/", b"x") == (200, b"ok")
+            assert reads == [2, 1]
+            p.close()
+        finally:
+            stop2()
+    finally:
+        stop()
