@@ -122,3 +122,10 @@ def test_a_body_in_parts_is_sent_whole_with_its_length_and_no_joined_copy():
         assert seen == [(None, b'{"prompt": [' + bytes(middle) + b"]}")] * 2
     finally:
         httpd.shutdown()
+
+
+def test_server_i_of_a_group_is_at_first_plus_i_when_that_port_is_free():
+    p = free_port()  # the OS just picked it, so it is free
+    assert server_port(p) == p  # server 0 by default
+    assert server_port(p - 2, 2) == p
+    assert server_port(0, 3) != 0  # first 0: any free port
