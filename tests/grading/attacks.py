@@ -414,3 +414,13 @@ STAND_IN_ATTACKS = {
 }
 """name -> Python source a patch appends to a module the tests import; each spares what tells stand-in twins
 from the real failing test and flips every other failing test."""
+
+# A parametrised FAIL_TO_PASS test fails only in its FAIL_TO_PASS cases, its other rows passing without the fix;
+# copies that broke every row failed in every case. Done at exit, on the record's writer (names built at run time).
+PARAMETRISED_ATTACK = _record_flipper(
+    "def _mixed(tests):\n"
+    "    return {k.partition('[')[0] for k, v in tests.items() if '[' in k and v == 'PASSED'}\n",
+    "k.partition('[')[0] in _mixed(payload['tests'])",
+)
+"""Python source a patch appends to a module the tests import: the failing cases of every parametrised test that
+has a passing case become passes (record and log)."""

@@ -1,0 +1,187 @@
+"""Copies of a parametrised FAIL_TO_PASS test break only its FAIL_TO_PASS rows, and are checked case by case.
+
+The real test fails only in its FAIL_TO_PASS cases: its other rows pass without the fix. A copy that broke a
+parametrize column in every row failed in every case, so a rewrite that flips "the failing cases of parametrised
+tests having a passing case" spared the copies and flipped the real test: it resolved inflection-0001 (done at
+exit by wrapping the record's writer, attacks.PARAMETRISED_ATTACK). A copy now swaps the column only in the rows
+whose case ids are the FAIL_TO_PASS cases of the test it copies, the other rows copied unchanged, and
+canaries.check() wants each broken row failing and each copied PASS_TO_PASS row passing, by case id
+(Canaries.cases). The fast tests read the inflection tasks' real test files; the sandbox test grades the attack.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import shutil
+import subprocess
+
+import pytest
+from attacks import PARAMETRISED_ATTACK
+from tiny_task import diff
+from unidiff import PatchSet
+
+from swe_megatron.grading import canaries, grader
+from swe_megatron.grading.grader import RESOLVED, UNRESOLVED, grade_one, task_grading
+from swe_megatron.tasks.load import load_tasks_for_command
+
+INFLECTION = ("inflection__inflection-0000", "inflection__inflection-0001", "inflection__inflection-0002")
+
+
+@pytest.fixture(scope="module")
+def parametrised_tasks(factory_task_files):
+    """Every factory task with a parametrised FAIL_TO_PASS test (the inflection ones required)."""
+    tasks = [t for path, _ in factory_task_files for t in load_tasks_for_command(str(path))]
+    found = {t.instance_id: t for t in tasks if any("[" in f for f in t.FAIL_TO_PASS)}
+    if not set(INFLECTION) <= set(found):
+        pytest.skip(f"the factory tasks {', '.join(INFLECTION)} are not built (swe-megatron make-tasks)")
+    return found
+
+
+def _test_file(task) -> tuple[str, str]:
+    """(path, text) of the test file the task's test patch adds (the inflection tasks add theirs whole)."""
+    added = next(pf for pf in PatchSet(task.test_patch) if pf.is_added_file)
+    return added.path, "".join(line.value for hunk in added for line in hunk if not line.is_removed)
+
+
+def _plant(task, seed: int) -> tuple[str, str, canaries.Canaries]:
+    path, source = _test_file(task)
+    ids = [t for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS] if t.startswith(f"{path}::")]
+    f2p = [t for t in task.FAIL_TO_PASS if t.startswith(f"{path}::")]
+    return path, source, canaries.plant(path, source, ids, random.Random(seed), fail_to_pass=f2p)
+
+
+def _rows(tree: ast.Module, name: str) -> list[tuple]:
+    """The parametrize rows of module-level test `name` in `tree`, its module tables looked up and added."""
+    tables = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)}
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    (deco,) = fn.decorator_list
+    rows, todo = [], [deco.args[1]]
+    while todo:
+        part = todo.pop()
+        if isinstance(part, ast.BinOp):
+            todo += [part.right, part.left]
+        else:
+            rows += ast.literal_eval(tables[part.id] if isinstance(part, ast.Name) else part)
+    return [row if isinstance(row, tuple) else (row,) for row in rows]
+
+
+def test_a_copy_breaks_exactly_the_rows_of_the_fail_to_pass_cases(parametrised_tasks):
+    """On each inflection task's real test file, every must-fail copy of a parametrised FAIL_TO_PASS test (twins
+    and the decoy under its old name) differs from it in the rows whose case ids are its FAIL_TO_PASS cases and
+    in no other row, and lists its cases: the broken rows' new ids FAILED, the copied PASS_TO_PASS rows PASSED."""
+    for iid in INFLECTION:
+        task = parametrised_tasks[iid]
+        for seed in range(6):
+            path, source, c = _plant(task, seed)
+            before, after = ast.parse(source), ast.parse(c.text)
+            old_name = {new: old for old, new in c.renamed.items()}
+            copies = {n: old_name.get(o, o) for n, o in c.copies.items()}
+            parametrised = {
+                n: o for n, o in copies.items() if any(f.startswith(f"{o}[") for f in task.FAIL_TO_PASS)
+            }
+            assert parametrised, (iid, seed, "no copy of a parametrised FAIL_TO_PASS test")
+            for node, original in parametrised.items():
+                real, copy = _rows(before, original.split("::")[-1]), _rows(after, node.split("::")[-1])
+                assert len(real) == len(copy), (iid, node)
+                f2p = {f.partition("[")[2][:-1] for f in task.FAIL_TO_PASS if f.startswith(f"{original}[")}
+                listed = {t.partition("[")[2][:-1] for t in task.PASS_TO_PASS if t.startswith(f"{original}[")}
+                broken = {i for i, (a, b) in enumerate(zip(real, copy)) if a != b}
+                assert broken == {i for i, row in enumerate(real) if "-".join(row) in f2p}, (iid, seed, node)
+                assert c.cases[node] == {
+                    **{"-".join(copy[i]): "FAILED" for i in sorted(broken)},
+                    **{"-".join(row): "PASSED" for i, row in enumerate(real) if "-".join(row) in listed},
+                }, (iid, seed, node)
+
+
+def _flip_mixed(status: dict[str, str]) -> dict[str, str]:
+    """attacks.PARAMETRISED_ATTACK on an outcome map: failing cases of parametrised tests with a passing case
+    become passes."""
+    mixed = {k.partition("[")[0] for k, v in status.items() if "[" in k and v == "PASSED"}
+    return {
+        k: "PASSED" if v in ("FAILED", "ERROR") and k.partition("[")[0] in mixed else v
+        for k, v in status.items()
+    }
+
+
+def test_planted_inflection_file_runs_as_its_cases_say_and_the_rewrite_is_caught(
+    parametrised_tasks, tmp_path
+):
+    """inflection-0001 with the gold fix, its planted test file run by the task's own Python: every real test
+    passes, each listed case of each copy reports as Canaries.cases says and check() finds nothing wrong. The
+    rewrite that flips failing cases of parametrised tests having a passing case, applied to those outcomes,
+    now flips the copies' broken rows: check() reports them and calls it forged (it spared the copies before)."""
+    task = parametrised_tasks["inflection__inflection-0001"]
+    tg = task_grading(task)
+    repo = tmp_path / "repo"
+    shutil.copytree(tg.spec.repo_dir, repo, symlinks=True)
+    subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=repo, check=True)
+    for seed in range(2):
+        path, _, c = _plant(task, seed)
+        (repo / path).write_text(c.text)
+        run = subprocess.run(
+            [
+                f"{tg.spec.env_dir}/bin/python",
+                "-m",
+                "pytest",
+                "-rA",
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "addopts=",
+                path,
+            ],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        )
+        status = {}
+        for line in run.stdout.splitlines():
+            word, _, node = line.partition(" ")
+            if word in ("PASSED", "FAILED", "ERROR") and node.startswith(f"{path}::"):
+                status[node.split(" - ")[0]] = word
+        graded = c.task_ids([*task.FAIL_TO_PASS, *task.PASS_TO_PASS])
+        assert all(status.get(t) == "PASSED" for t in graded), run.stdout[-3000:]
+        assert c.cases and all(
+            status.get(f"{node}[{case}]") == want
+            for node, listed in c.cases.items()
+            for case, want in listed.items()
+        ), run.stdout[-3000:]
+        assert canaries.check(c, status, {"tests": status}) == ([], False)
+        flipped = _flip_mixed(status)
+        assert all(flipped[t] == "PASSED" for t in graded)
+        wrong, forged = canaries.check(c, flipped, {"tests": flipped})
+        assert forged and wrong, "the rewrite spared every copy"
+
+
+@pytest.mark.sandbox
+def test_flipping_failing_cases_of_parametrised_tests_is_caught(
+    parametrised_tasks, sandbox_factory, tmp_path, monkeypatch
+):
+    """attacks.PARAMETRISED_ATTACK appended to the library module the gold patch edits, no fix: unresolved and
+    `tampered` on each inflection task (it resolved inflection-0001 with copies broken in every row), and on the
+    other factory tasks with parametrised FAIL_TO_PASS tests unresolved, `tampered` wherever it rewrote a real
+    failing case. Controls on the same tasks: gold resolved, no patch unresolved and neither flagged. With the
+    canaries off the attack resolves inflection-0001: it is real, and the canaries are what stop it."""
+    targets = {}
+    for iid, task in sorted(parametrised_tasks.items()):
+        module = next(
+            pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
+        )
+        with open(f"{task_grading(task).spec.repo_dir}/{module}", encoding="utf-8") as f:
+            base = f.read()
+        targets[iid] = diff((module, base, base + "\n\n" + PARAMETRISED_ATTACK))
+        r = grade_one(task, targets[iid], sandbox_factory, log_dir=tmp_path / iid / "attack")
+        assert r.status == UNRESOLVED, (iid, r.status, r.reason)
+        if iid in INFLECTION:
+            assert r.tampered, (iid, r.reason)
+        else:
+            assert r.tampered or "FAIL_TO_PASS failing" in r.reason, (iid, r.reason)
+        gold = grade_one(task, task.patch, sandbox_factory, log_dir=tmp_path / iid / "gold")
+        assert gold.status == RESOLVED and not gold.tampered, (iid, gold.status, gold.reason)
+        empty = grade_one(task, "", sandbox_factory, log_dir=tmp_path / iid / "empty", skip_empty=False)
+        assert empty.status == UNRESOLVED and not empty.tampered, (iid, empty.status, empty.reason)
+    monkeypatch.setattr(grader, "CANARIES", False)
+    task = parametrised_tasks["inflection__inflection-0001"]
+    off = grade_one(task, targets[task.instance_id], sandbox_factory, log_dir=tmp_path / "off")
+    assert off.status == RESOLVED, ("the attack no longer works: the test shows nothing", off.reason)
