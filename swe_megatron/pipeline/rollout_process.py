@@ -5,7 +5,7 @@ process, hundreds of episode threads slowed each train step by 32% (tools/sim_sc
 docs/benchmarks.md "Scale"), although they ran on other cores: the GIL was the shared resource. So in async
 mode every RL rollout of a stage runs in this process's child, one unit at a time, in order:
 
-    trainer's process (rank 0)                            rollout process (`python -m` this module)
+    trainer's process (rank 0)                            rollout process (a child python: main() here)
     RolloutProcess(spec)  -- spec ----------------------> spec.build(): the run's Rollouts, its own gate
     .roll(*args) (pipeline/ahead.py's thread waits) ----> work thread: worker.roll(*args) -> (result, dead)
     .pause() before a weight sync ----------------------> main loop: gate.pause(), replies once no turn runs
@@ -40,6 +40,8 @@ from swe_megatron.procfs import die_with_parent
 
 Dead = dict[str, dict[str, str]]
 """Servers out of rotation: {rotation kind: {server name: reason}}."""
+CHILD = "import sys; from swe_megatron.pipeline.rollout_process import main; main(sys.argv[1:])"
+"""The rollout process's program (python -c CHILD FD_IN FD_OUT)."""
 
 
 def dead_of(rotations) -> Dead:
@@ -141,13 +143,15 @@ class RolloutProcess:
         env = dict(os.environ)
         if pythonpath:
             env["PYTHONPATH"] = os.pathsep.join([*pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        # main() of this module as imported (not `python -m`, whose __main__ copy would hold other classes
+        # than the parent unpickles, and which a mutation check, activating by module name, cannot reach).
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swe_megatron.pipeline.rollout_process", str(child_in), str(child_out)],
+            [sys.executable, "-c", CHILD, str(child_in), str(child_out)],
             pass_fds=(child_in, child_out), env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )  # fmt: skip
         os.close(child_in)
         os.close(child_out)
-        self._recv, self._send = Connection(parent_in, writable=False), Connection(parent_out, readable=False)
+        self._recv, self._send = Connection(parent_in), Connection(parent_out)  # each a pipe's one-way end
         self._lock = threading.Lock()
         self._pending: dict[int, Future] = {}
         self._ids = itertools.count(1)
@@ -163,11 +167,8 @@ class RolloutProcess:
         """The rollout process of a run's Rollouts (see RolloutsSpec.of), in step with their rotations."""
         spec = RolloutsSpec.of(rollouts, gate)
         proc = cls(spec, [gate.engine.rotation, rollouts.sandboxes.rotation])
-        print(
-            f"rollouts: async mode: the RL rollouts run in process {proc.proc.pid}",
-            file=sys.stderr,
-            flush=True,
-        )
+        # stderr is line-buffered (Python >= 3.9, redirected too): the line is in the run's log at once.
+        print(f"rollouts: async mode: the RL rollouts run in process {proc.proc.pid}", file=sys.stderr)
         return proc
 
     def _call(self, op: str, *args) -> Future:
@@ -290,12 +291,5 @@ def _serve(recv: Connection, send: Connection) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """python -m swe_megatron.pipeline.rollout_process FD_IN FD_OUT (started by RolloutProcess)."""
-    # This module's own classes by its name, not __main__'s, in what goes back (RolloutProcessError).
-    from swe_megatron.pipeline import rollout_process
-
-    rollout_process._serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    """The rollout process: serve the requests of pipe FD_IN, reply on FD_OUT (argv; started by RolloutProcess)."""
+    _serve(Connection(int(argv[0])), Connection(int(argv[1])))

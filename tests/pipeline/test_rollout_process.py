@@ -1,6 +1,7 @@
 """pipeline/rollout_process.py: async mode's rollouts in a process of their own. The child is the real one
-(`python -m swe_megatron.pipeline.rollout_process`, its pipe, its VersionGate, its rotations); what it rolls out
-is a test worker (rollout_workers.py) behind a fake engine. test_async_e2e.py runs the real Rollouts through it.
+(the module's main() in a child python, its pipe, its VersionGate, its rotations); what it rolls out is a test
+worker (rollout_workers.py) behind a fake engine. test_rollout_process_rollouts.py builds the real Rollouts
+through it; test_async_e2e.py runs a whole run's.
 """
 
 from __future__ import annotations
