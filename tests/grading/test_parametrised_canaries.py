@@ -15,6 +15,7 @@ import ast
 import random
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from attacks import PARAMETRISED_ATTACK
@@ -156,24 +157,37 @@ def test_planted_inflection_file_runs_as_its_cases_say_and_the_rewrite_is_caught
 
 @pytest.mark.sandbox
 def test_flipping_failing_cases_of_parametrised_tests_is_caught(
-    parametrised_tasks, sandbox_factory, tmp_path, monkeypatch
+    parametrised_tasks, sandbox_factory, tmp_path, monkeypatch, planted_canaries
 ):
-    """attacks.PARAMETRISED_ATTACK appended to the library module the gold patch edits, no fix: unresolved and
-    `tampered` on each inflection task (it resolved inflection-0001 with copies broken in every row), and on the
-    other factory tasks with parametrised FAIL_TO_PASS tests unresolved, `tampered` wherever it rewrote a real
-    failing case. Controls on the same tasks: gold resolved, no patch unresolved and neither flagged. With the
-    canaries off the attack resolves inflection-0001: it is real, and the canaries are what stop it."""
+    """attacks.PARAMETRISED_ATTACK appended to the library module the gold patch edits, on every factory task with
+    parametrised FAIL_TO_PASS tests. Next to the gold fix (the real tests pass, so only copies have failing cases
+    beside passing ones): unresolved and `tampered` wherever a copy lists its cases, every inflection task among
+    them; with copies broken in every row it flipped nothing there and resolved. Alone (no fix): unresolved, and
+    `tampered` on inflection-0000/1, where it flips the real test's failing cases (it resolved inflection-0001);
+    elsewhere `tampered` or unresolved for the real failing tests (inflection-0002: its real test has no passing
+    case without the fix, so neither it nor its copies are flipped). Controls on the same tasks: gold resolved, no
+    patch unresolved, neither flagged. With the canaries off the attack alone resolves inflection-0001."""
     targets = {}
     for iid, task in sorted(parametrised_tasks.items()):
         module = next(
             pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
         )
-        with open(f"{task_grading(task).spec.repo_dir}/{module}", encoding="utf-8") as f:
-            base = f.read()
+        repo = task_grading(task).spec.repo_dir
+        fixed = tmp_path / iid / "fixed"
+        shutil.copytree(repo, fixed, symlinks=True)
+        subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=fixed, check=True)
+        base, gold_text = ((root / module).read_text(encoding="utf-8") for root in (Path(repo), fixed))
         targets[iid] = diff((module, base, base + "\n\n" + PARAMETRISED_ATTACK))
-        r = grade_one(task, targets[iid], sandbox_factory, log_dir=tmp_path / iid / "attack")
+        planted_canaries.clear()
+        with_fix = diff((module, base, gold_text + "\n\n" + PARAMETRISED_ATTACK))
+        r = grade_one(task, with_fix, sandbox_factory, log_dir=tmp_path / iid / "with_fix")
+        if any(planted_canaries[0].cases.values()) or iid in INFLECTION:
+            assert r.status == UNRESOLVED and r.tampered, (iid, r.status, r.reason)
+        else:
+            assert r.status == RESOLVED and not r.tampered, (iid, r.status, r.reason)
+        r = grade_one(task, targets[iid], sandbox_factory, log_dir=tmp_path / iid / "alone")
         assert r.status == UNRESOLVED, (iid, r.status, r.reason)
-        if iid in INFLECTION:
+        if iid in INFLECTION[:2]:
             assert r.tampered, (iid, r.reason)
         else:
             assert r.tampered or "FAIL_TO_PASS failing" in r.reason, (iid, r.reason)
