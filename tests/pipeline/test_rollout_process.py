@@ -242,3 +242,60 @@ def test_the_rollout_process_dies_with_the_trainers_process_even_by_sigkill(tmp_
         time.sleep(0.05)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the rollout process outlived the trainer's process")
+
+
+def test_a_trainers_process_that_ends_without_close_exits_and_the_rollout_process_with_it():
+    """An error path that never reaches close(): the parent's reader thread must not hold its exit (it waits on
+    the child, which waits on the parent's pipe), and the child sees the pipe end and stops."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {HERE!r})
+        from rollout_workers import ProbeSpec
+        from swe_megatron.pipeline.rollout_process import RolloutProcess
+        print(RolloutProcess(ProbeSpec(), pythonpath=[{HERE!r}]).proc.pid, flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr[-2000:]
+    child = int(done.stdout)
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the rollout process outlived the trainer's process"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_rollout_process_does_not_share_the_trainers_stdin():
+    """An interactive run's terminal (or any stdin) stays the trainer's: the child's is /dev/null."""
+    read, write = os.pipe()
+    saved = os.dup(0)
+    os.dup2(read, 0)  # the trainer's stdin is a pipe here, so an inherited one would show
+    try:
+        proc = _start()
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read, write):
+            os.close(fd)
+    try:
+        assert os.readlink(f"/proc/{proc.proc.pid}/fd/0") == "/dev/null"
+    finally:
+        proc.close()
+
+
+def test_close_answers_once_the_unit_in_flight_has_returned():
+    """The child closes its worker (the run's sandbox sessions) only after the unit in flight has returned: the
+    roll's reply comes before close's."""
+    proc = _start(ProbeSpec(turn_s=0.1))
+    order: list[str] = []
+    proc._call("roll", "turns", 10_000).add_done_callback(lambda _: order.append("roll"))
+    time.sleep(0.3)
+    proc._call("close", STOPPING).add_done_callback(lambda _: order.append("close"))
+    proc._reader.join(10)  # the child has answered both and exited
+    proc.close()
+    assert order == ["roll", "close"]
