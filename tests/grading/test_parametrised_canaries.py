@@ -95,6 +95,45 @@ def test_a_copy_breaks_exactly_the_rows_of_the_fail_to_pass_cases(parametrised_t
                 }, (iid, seed, node)
 
 
+def test_check_reads_listed_cases_one_by_one():
+    """A copy with listed cases: a broken row reported passing is wrong and forged (unless that case, or the whole
+    copy, is excused: it passes without the patch too), a copied row reported failing is wrong but not forged, a
+    listed case absent is missing; the copy's cases it does not list are not read. passing_must_fail() names the
+    passing case, which check() then excuses alone."""
+    c = canaries.Canaries(
+        "t.py",
+        "",
+        expected={"t.py::test_copy": "FAILED", "t.py::test_twin": "FAILED"},
+        cases={"t.py::test_copy": {"a-x": "FAILED", "b-b": "PASSED"}},
+    )
+    right = {
+        "t.py::test_copy[a-x]": "FAILED",
+        "t.py::test_copy[b-b]": "PASSED",
+        "t.py::test_copy[c-c]": "FAILED",
+    }
+    right["t.py::test_twin"] = "FAILED"
+    assert canaries.check(c, right, {"tests": right}) == ([], False)
+    flipped = {**right, "t.py::test_copy[a-x]": "PASSED"}
+    assert canaries.check(c, flipped, {"tests": flipped}) == (
+        [f"{s}: test_copy[a-x] PASSED, expected FAILED" for s in ("log", "record")],
+        True,
+    )
+    assert canaries.passing_must_fail(c, flipped, {"tests": flipped}) == {"t.py::test_copy[a-x]"}
+    for excused in ({"t.py::test_copy[a-x]"}, {"t.py::test_copy"}):
+        assert canaries.check(c, flipped, {"tests": flipped}, excused)[1] is False
+    assert canaries.check(c, flipped, {"tests": flipped}, {"t.py::test_twin"})[1] is True
+    failing = {**right, "t.py::test_copy[b-b]": "FAILED"}
+    assert canaries.check(c, failing, {"tests": failing}) == (
+        [f"{s}: test_copy[b-b] FAILED, expected PASSED" for s in ("log", "record")],
+        False,
+    )
+    lost = {k: v for k, v in right.items() if k != "t.py::test_copy[a-x]"}
+    assert canaries.check(c, lost, {"tests": lost}) == (
+        [f"{s}: test_copy[a-x] missing, expected FAILED" for s in ("log", "record")],
+        False,
+    )
+
+
 def _flip_mixed(status: dict[str, str]) -> dict[str, str]:
     """attacks.PARAMETRISED_ATTACK on an outcome map: failing cases of parametrised tests with a passing case
     become passes."""
