@@ -20,9 +20,12 @@ decoy (a broken copy of it, as above) takes its old name: a rewrite of the known
 (tampered), and the renamed test must really pass. The host grades under the new names (task_ids()) and
 reports under the old ones (original_ids()). A test whose name the file uses elsewhere keeps it.
 
-A test with no such assertion (its checks in a loop, a helper, a `with` block, or against a parameter)
-cannot be broken this way: its twins and decoys then copy another test of the file (same class) that can,
-and only where the file has none is a twin the old one-line comparison of two constants.
+A parametrised test whose body compares a parameter has one column of its parametrize table swapped instead,
+in the rows whose case ids are its FAIL_TO_PASS cases only: its other rows pass without the fix, so the copy's
+must pass too (copied unchanged), and check() reads each listed case by its id (Canaries.cases).
+A test with neither (its checks in a loop or a `with` block, say) cannot be broken this way: its twins and
+decoys then copy another test of the file (same class) that can, and only where the file has none is a twin
+the old one-line comparison of two constants.
 What stays visible to the tested code is in docs/security.md.
 
     canaries = plant("tests/test_x.py", source, ["tests/test_x.py::test_merge"])
