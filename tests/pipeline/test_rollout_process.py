@@ -13,7 +13,9 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from rollout_workers import BrokenSpec, ProbeSpec, SlowEngine, rotation
@@ -47,7 +49,11 @@ def test_rolls_run_in_another_process_in_order_and_their_errors_come_back_with_t
         assert sorted(results) == [(0,), (1,), (2,)]
         with pytest.raises(KeyError, match="no-such-task") as err:
             proc.roll("raise", "no-such-task")
-        assert any("in the rollout process" in n and "rollout_workers.py" in n for n in err.value.__notes__)
+        (note,) = err.value.__notes__
+        assert note.startswith(
+            f"in the rollout process (pid {pid}):\nTraceback (most recent call last):\n  File "
+        )
+        assert 'rollout_workers.py", line' in note and note.endswith("KeyError: 'no-such-task'\n")
         assert proc.roll("echo", "after") == ("after",), "an error in one roll must not stop the next"
     finally:
         proc.close()
@@ -139,9 +145,14 @@ def test_a_failed_pause_without_a_trainers_gate_raises_the_childs_error():
 
 def test_a_child_that_dies_fails_the_roll_in_flight_and_every_later_call_with_its_exit_status():
     proc = _start()
-    with pytest.raises(RolloutProcessError, match="exited with status 3"):
+    why = (
+        rf"^the rollout process \(pid {proc.proc.pid}\) exited with status 3 \(its output is in this run's log; a "
+        r"negative status is the signal that killed it, e.g. -9 by the OOM killer\): the unit is not committed; "
+        "rerun to resume$"
+    )
+    with pytest.raises(RolloutProcessError, match=why):
         proc.roll("exit")
-    with pytest.raises(RolloutProcessError, match="exited with status 3"):
+    with pytest.raises(RolloutProcessError, match=why):
         proc.pause()
     proc.close()  # already gone: nothing to stop, no error
 
@@ -295,7 +306,44 @@ def test_close_answers_once_the_unit_in_flight_has_returned():
     order: list[str] = []
     proc._call("roll", "turns", 10_000).add_done_callback(lambda _: order.append("roll"))
     time.sleep(0.3)
-    proc._call("close", STOPPING).add_done_callback(lambda _: order.append("close"))
+    closing = proc._call("close", STOPPING)
+    closing.add_done_callback(lambda _: order.append("close"))
     proc._reader.join(10)  # the child has answered both and exited
     proc.close()
-    assert order == ["roll", "close"]
+    assert order == ["roll", "close"] and closing.exception() is None  # answered, not failed by the exit
+    assert proc.proc.returncode == 0
+
+
+def test_a_child_whose_trainer_closed_the_pipe_without_a_close_request_ends_its_unit_and_exits():
+    """The trainer's end of the pipe gone (its process ending) without close(): the child refuses the turns of
+    the unit in flight, which returns (its reply still sent), then exits cleanly."""
+    proc = _start(ProbeSpec(turn_s=0.1))
+    roll = proc._call("roll", "turns", 10_000)
+    time.sleep(0.3)
+    proc._send.close()
+    turns = roll.result(timeout=10)
+    assert len(turns) > 1 and turns[-1] == ("refused", "rollouts cancelled: the trainer's process is gone")
+    assert proc.proc.wait(timeout=10) == 0
+    proc._reader.join(10)
+
+
+@dataclass
+class ClosingSpec:
+    """ProbeSpec's worker over servers whose closing writes `mark` (the child imports this class from here)."""
+
+    mark: str
+
+    def build(self):
+        worker = ProbeSpec().build()
+        closed = SimpleNamespace(close=lambda: Path(self.mark).write_text("closed"))
+        worker.rollouts = SimpleNamespace(provenance=None, sandboxes=closed)
+        return worker
+
+
+def test_close_closes_the_childs_worker_and_its_servers(tmp_path):
+    mark = tmp_path / "mark"
+    proc = _start(ClosingSpec(str(mark)))
+    proc.roll("pid")
+    assert not mark.exists()
+    proc.close()
+    assert mark.read_text() == "closed"

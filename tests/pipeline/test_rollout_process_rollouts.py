@@ -42,6 +42,11 @@ pytestmark = pytest.mark.timeout(
 
 TOKEN = "rollout-process-test-token-0123"
 SEEN = " (seen by the other rollout process)"
+SUBMIT = [785, 5046, 374, 304, 1992, 624, 13874, 3989, 5955, 198, 73594, 151645]
+"""'The fix is in place.\n```\nsubmit\n```<|im_end|>' in Qwen2.5's ids (not encoded here: each load of the
+tokenizer takes seconds, and build() loads its own)."""
+EOS = SUBMIT[-1]
+"""Qwen2.5's end of turn."""
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +55,9 @@ def chat() -> ChatFormat:
 
 
 @pytest.fixture(scope="module")
-def engines(chat):
+def engines():
     """Two stand-in vLLM servers whose every turn submits (labelled fake: the engine boundary)."""
-    turn = chat.encode("The fix is in place.\n```\nsubmit\n```") + [chat.eos_id]
-    stubs = [VllmStub(turn), VllmStub(turn)]
+    stubs = [VllmStub(SUBMIT), VllmStub(SUBMIT)]
     yield stubs
     for s in stubs:
         s.close()
@@ -122,7 +126,7 @@ def test_the_spec_of_rollouts_not_on_servers_by_url_is_refused_naming_what_they_
 
 
 def test_build_makes_the_runs_rollouts_over_the_same_servers_behind_a_gate_of_its_own(
-    cfg, chat, engines, sandbox_url
+    cfg, engines, sandbox_url
 ):
     cfg.agent.partial_rollouts = False  # episodes hold the gate: not the default
     dead = {"vLLM server": {engines[0].url: "missed the update"}}
@@ -133,18 +137,14 @@ def test_build_makes_the_runs_rollouts_over_the_same_servers_behind_a_gate_of_it
         assert isinstance(r, Rollouts) and r.cfg is cfg and r.engine is gate
         assert gate.version == 5 and gate.per_episode is True
         assert [e.url for e in routed.engines] == [e.url for e in engines]
-        assert all(e.stop_token_ids == [chat.eos_id] and e.timeout_s == 30.0 for e in routed.engines)
+        assert all(e.stop_token_ids == [EOS] and e.timeout_s == 30.0 for e in routed.engines)
         assert routed.rotation.dead == {0: "missed the update" + SEEN}
         assert pool.rotation.names == [sandbox_url] and pool.rotation.live == [0]
         assert [(c.token, c.command_timeout_s) for c in pool.clients] == [(TOKEN, 70.0)]
         assert worker.rotations == [routed.rotation, pool.rotation]
-        assert r.chat.eos_id == chat.eos_id
+        assert r.chat.eos_id == EOS
     finally:
         worker.close()
-    cfg.agent.partial_rollouts = True
-    worker = _spec(cfg, engines, sandbox_url).build()
-    worker.close()
-    assert worker.gate.per_episode is False and worker.rotations[0].dead == {}
 
 
 @pytest.mark.parametrize("kind", ["vLLM server", "sandbox server"])
