@@ -25,8 +25,8 @@ Beyond mutmut (which only mutates function bodies, and picks each mutant's tests
   (its tests may reach the function only in a child, which mutmut's in-process coverage cannot see).
   Not reached: a child started with an environment of its own (no PYTHONPATH, no MUTANT_UNDER_TEST), which
   imports the work tree through the editable install, code copied out of the package into a sandbox, and the
-  functions of a module run as `python -m` in its `__main__` copy (mutmut activates a mutant by module name, so
-  rollout_process.main's mutants never are; what main calls through the imported module is reached).
+  functions of a module run as `python -m` in its `__main__` copy (mutmut activates a mutant by module name; so
+  the rollout process is started as `python -c` calling main() of the imported module: rollout_process.CHILD).
 """
 
 from __future__ import annotations
