@@ -216,6 +216,7 @@ def plant(
             if bracket and case.endswith("]") and (key := _def_key(base, file)):
                 into.setdefault(key, set()).add(case[:-1])
     words = _words(defs)
+    test_names = frozenset(name for _, name in defs)
     table_words = _words({(None, f"t_{n.lower()}") for n in _module_tables(tree)} if tree is not None else {})
     constants = _constants(tree) if tree is not None else []
     taken = set(re.findall(r"\b\w+\b", source))
@@ -226,7 +227,7 @@ def plant(
     copied: dict[str, tuple[str | None, str]] = {}  # must-fail id -> (class, name) of the test it copies
 
     def fresh(base: str) -> str:
-        taken.add(name := _fresh_name(base, words, taken, rng))
+        taken.add(name := _fresh_name(base, words, taken, rng, test_names))
         return name
 
     companions: dict[tuple[str | None, str], tuple[_Def, list[str]]] = {}
@@ -938,24 +939,50 @@ def _words(defs: dict) -> list[str]:
     return sorted(words) if len(words) >= 3 else sorted(words | set(_FALLBACK_WORDS))
 
 
-def _fresh_name(base: str, words: list[str], taken: set[str], rng: Any) -> str:
+def _fresh_name(
+    base: str, words: list[str], taken: set[str], rng: Any, names: frozenset[str] = frozenset()
+) -> str:
     """A name in the file's style made from `base` by replacing one of its words (the last ones; the only one
     of `test_merge`) with a word of the file's test names; the same for a renamed real test and a twin, so
-    neither name is the other's or the decoy's plus a word (a name without words gets one added)."""
+    neither name is the other's or the decoy's plus a word (a name without words gets one added).
+
+    `names` (the file's test names): the new name nests among them as `base` does (_nesting): the decoy keeps
+    the old name, so a renamed test that lost its place (`test_merge` of `test_merge_with`) stood out. Where
+    `base` is one of them plus a word, its last word is replaced; where another starts with it, the name is a
+    word-prefix of another (of base's word count where one is free); failing that, any fresh name."""
     parts = base.split("_")
     own = set(parts)
     pool = [w for w in words if w not in own] or list(_FALLBACK_WORDS)
+    want = _nesting(base, names) if names else None
+    prefixes: list[str] = []
+    if want and want[0]:
+        free = sorted(
+            {"_".join(n.split("_")[:k]) for n in names for k in range(2, n.count("_") + 1)} - taken - {base}
+        )
+        free = [p for p in free if _nesting(p, names) == want]
+        prefixes = [p for p in free if p.count("_") == base.count("_")] or free
+    first = None
     for _ in range(64):
         word = rng.choice(pool)
-        if len(parts) >= 2:
-            at = rng.randrange(2, len(parts)) if len(parts) > 2 else 1
+        if prefixes:
+            name = rng.choice(prefixes)
+        elif len(parts) >= 2:
+            at = len(parts) - 1 if want and want[1] else rng.randrange(2, len(parts)) if len(parts) > 2 else 1
             name = "_".join([*parts[:at], word, *parts[at + 1 :]])
         else:
             name = f"{base}_{word}"
         if name not in taken:
-            return name
+            if want is None or _nesting(name, names) == want:
+                return name
+            first = first or name
         pool = pool + list(_FALLBACK_WORDS)
-    return f"{base}_{len(taken)}"  # every word taken already: still a plain name
+    return first or f"{base}_{len(taken)}"  # every word taken already: still a plain name
+
+
+def _nesting(name: str, names: frozenset[str]) -> tuple[bool, bool]:
+    """Where `name` sits among the test names `names`: whether another of them is it plus words
+    (`test_merge` of `test_merge_with`), and whether it is one of them plus a word."""
+    return any(n.startswith(name + "_") for n in names), name.rpartition("_")[0] in names
 
 
 def _constants(tree: ast.Module) -> list[Any]:

@@ -12,7 +12,7 @@ import re
 import string
 import tokenize
 
-from test_canaries import _defs, _one_literal_apart
+from test_canaries import _defs
 
 from swe_megatron.grading import canaries
 from swe_megatron.grading.canaries import Canaries, breakable, plant
@@ -37,7 +37,12 @@ class TestX:
 def test_last():
     assert f(4) == 5
 """
-LAYOUT_IDS = [f"{FILE}::test_one", f"{FILE}::TestX::test_two", f"{FILE}::TestX::test_three", f"{FILE}::test_last"]
+LAYOUT_IDS = [
+    f"{FILE}::test_one",
+    f"{FILE}::TestX::test_two",
+    f"{FILE}::TestX::test_three",
+    f"{FILE}::test_last",
+]
 
 
 def _blank_lines_before(lines: list[str], line: int) -> int:
@@ -102,7 +107,9 @@ def test_a_broken_copy_swaps_in_another_constant_of_the_file_in_the_literals_own
         c = plant(FILE, LAYOUT, LAYOUT_IDS, random.Random(seed))
         after = _defs(c.text)
         must_fail = {k for k, v in c.expected.items() if v == "FAILED"}
-        assert len(must_fail) == 4 and list(c.expected.values()).count("PASSED") == 1  # as docs/security.md says
+        assert (
+            len(must_fail) == 4 and list(c.expected.values()).count("PASSED") == 1
+        )  # as docs/security.md says
         assert set(c.copies) == must_fail and not c.stand_ins
         for node in must_fail:
             anchor = originals[c.copies[node].split("::")[-1]][3]
@@ -189,7 +196,9 @@ def test_a_number_or_text_the_file_has_no_other_of_moves_by_a_little():
         assert value not in got and all(len(g) == len(value) for g in got)
         assert all(sum(x != y for x, y in zip(g, value)) == 1 for g in got)
         letters = string.ascii_lowercase if isinstance(value, str) else string.ascii_lowercase.encode()
-        assert all(ch in letters for g in got for ch in (g if isinstance(g, str) else [bytes([b]) for b in g]))
+        assert all(
+            ch in letters for g in got for ch in (g if isinstance(g, str) else [bytes([b]) for b in g])
+        )
         assert len(got) == 25 * len(value)  # every position, every other letter
 
 
@@ -213,7 +222,11 @@ def test_twins_that_compare_two_constants_take_the_files_own_and_keep_one_type()
                     continue
                 test = defs[node.split("::")[-1]].body[0].test
                 left, right = test.left.value, test.comparators[0].value
-                assert type(left) is type(right) and (left == right) == (want == "PASSED"), (node, left, right)
+                assert type(left) is type(right) and (left == right) == (want == "PASSED"), (
+                    node,
+                    left,
+                    right,
+                )
                 if allowed:
                     assert {left, right} <= allowed, (left, right)
 
@@ -273,7 +286,12 @@ def test_a_file_without_the_listed_tests_gets_test_named_twins_at_its_end():
             for node, want in c.expected.items():
                 name = node.split("::")[-1]
                 assert name.startswith("test_")
-                assert not source or set(name.split("_")[1:]) <= {"in", "class", "module", *canaries._FALLBACK_WORDS}
+                assert not source or set(name.split("_")[1:]) <= {
+                    "in",
+                    "class",
+                    "module",
+                    *canaries._FALLBACK_WORDS,
+                }
                 test = defs[name].body[0].test
                 assert (test.left.value == test.comparators[0].value) == (want == "PASSED"), (node, c.text)
     nothing = plant("t.py", "", [], random.Random(0), twins=False)  # decoys only, in a file with no test
@@ -315,7 +333,9 @@ INDENTED_IDS = ["t.py::TestTwo::test_loop", "t.py::TestTwo::test_short", "t.py::
 def test_stand_ins_take_the_anchors_indentation_and_no_parameter_a_decorator_supplies():
     """A stand-in's body is indented like its anchor's (two-space classes, a one-line test), and it takes no
     parameter a decorator supplies (mock.patch's `getcwd`)."""
-    plants = [plant("t.py", INDENTED, INDENTED_IDS, random.Random(s), fail_to_pass=INDENTED_IDS) for s in range(8)]
+    plants = [
+        plant("t.py", INDENTED, INDENTED_IDS, random.Random(s), fail_to_pass=INDENTED_IDS) for s in range(8)
+    ]
     for c in plants:
         defs = _parses_with_each_twin_once(c)
         lines = c.text.splitlines()
@@ -389,8 +409,87 @@ def test_words_and_names():
         three.add(name)
         parts = canaries._fresh_name("test_merge_with_keys", words, set(), rng).split("_")
         four.add(2 if parts[3] == "keys" else 3)
-        assert canaries._fresh_name("test_a_b", ["a", "b"], set(), rng).split("_")[2] in canaries._FALLBACK_WORDS
+        assert (
+            canaries._fresh_name("test_a_b", ["a", "b"], set(), rng).split("_")[2] in canaries._FALLBACK_WORDS
+        )
     assert four == {2, 3} and len(three) == 3
+
+
+NESTED = """\
+def test_merge():
+    assert f(0) == 1
+
+
+def test_merge_with():
+    assert f(1) == 2
+
+
+def test_merge_list():
+    assert f(2) == 3
+
+
+def test_merge_with_list_of_dicts():
+    assert f(3) == 4
+
+
+def test_merge_with_keys_sorted():
+    assert f(4) == 5
+
+
+def test_merge_with_items_sorted():
+    assert f(5) == 6
+
+
+def test_merge_dict_sorted():
+    assert f(6) == 7
+
+
+def test_join_lists_sorted():
+    assert f(7) == 8
+
+
+def test_join_sets_sorted():
+    assert f(8) == 9
+
+
+def test_join_maps_sorted():
+    assert f(9) == 10
+
+
+def test_other_case():
+    assert f(10) == 11
+"""
+
+
+def test_a_new_name_nests_among_the_files_test_names_as_the_old_one_does():
+    # the decoy keeps the old name: a renamed test that lost its place (prefix of another, another plus a word)
+    # stood out (every-canary figure of test_canary_features 0.64-0.68, one item per test, before)
+    names = frozenset(n for _, n in canaries._test_defs(ast.parse(NESTED), NESTED.splitlines(True)))
+    assert canaries._nesting("test_merge_with", names) == (True, True)
+    assert canaries._nesting("test_merge", names) == (True, False)
+    assert canaries._nesting("test_merge_list", names) == (False, True)
+    assert canaries._nesting("test_other_case", names) == (False, False)
+    ids = [f"{FILE}::{n}" for n in ("test_merge", "test_merge_with", "test_merge_list", "test_other_case")]
+    for seed in range(20):
+        c = plant(FILE, NESTED, ids, random.Random(seed), fail_to_pass=ids)
+        made = [(old, new) for old, new in c.renamed.items()]
+        made += [(c.copies.get(k, k), k) for k in c.expected if k not in c.renamed]  # twins: as their anchor
+        for old, new in made:
+            old, new = old.rsplit("::", 1)[1], new.rsplit("::", 1)[1]
+            assert canaries._nesting(new, names) == canaries._nesting(old, names), (old, new)
+    rng = random.Random(0)
+    # a free prefix of another name, of the old name's word count where there is one, else any
+    got = {canaries._fresh_name("test_merge", ["x", "y"], set(names), rng, names) for _ in range(40)}
+    assert got == {"test_join", "test_other"}
+    fewer = set(names) | got
+    got = {canaries._fresh_name("test_merge", ["x", "y"], fewer, rng, names) for _ in range(40)}
+    assert got == {"test_join_lists", "test_join_sets", "test_join_maps", "test_merge_with_list_of"}
+    got = {canaries._fresh_name("test_merge_with", ["x", "y"], set(names), rng, names) for _ in range(20)}
+    assert got == {"test_merge_dict"}
+    got = {canaries._fresh_name("test_merge_list", ["x", "y"], set(names), rng, names) for _ in range(20)}
+    assert got == {"test_merge_x", "test_merge_y"}  # the last word replaced: still test_merge plus a word
+    got = {canaries._fresh_name("test_other_case", ["x", "y"], set(names), rng, names) for _ in range(20)}
+    assert got == {"test_other_x", "test_other_y"}
 
 
 def test_constants_and_added_stand_ins():
@@ -418,7 +517,9 @@ def test_passing_must_fail_names_each_must_fail_canary_the_log_or_the_record_rep
 
 
 def test_breakable_reads_a_file_with_cr_line_ends():
-    src = "def test_loop():\r    for x in (1, 2):\r        assert x\r\r\rdef test_eq():\r    assert f() == 2\r"
+    src = (
+        "def test_loop():\r    for x in (1, 2):\r        assert x\r\r\rdef test_eq():\r    assert f() == 2\r"
+    )
     assert breakable("t.py", src, ["t.py::test_eq"]) and not breakable("t.py", src, ["t.py::test_loop"])
 
 

@@ -136,10 +136,13 @@ def _host_features(rows: list[dict]) -> None:
         r["group"] = sum(o.split("_")[:2] == words[:2] for o in short)
 
 
-def _probe(task, tmp_path, sandbox_factory, planted) -> tuple[np.ndarray, np.ndarray, list[str], list[tuple]]:
+def _probe(
+    task, tmp_path, sandbox_factory, planted
+) -> tuple[np.ndarray, np.ndarray, list[str], list[tuple], np.ndarray]:
     """One grading's failing items: (features, labels: 1 a must-fail canary, 0 a real FAIL_TO_PASS test; kinds:
     "real", "twin", "decoy" or "stand-in", a copy of another test than the real one beside it; pairs: (canary,
-    the real failing test it copies) as row indices)."""
+    the real failing test it copies) as row indices; tests: the row index of each test's first failing case,
+    one per test)."""
     repo = task_grading(task).spec.repo_dir
     module = next(pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file)
     with open(f"{repo}/{module}", encoding="utf-8") as f:
@@ -175,7 +178,8 @@ def _probe(task, tmp_path, sandbox_factory, planted) -> tuple[np.ndarray, np.nda
             pairs.append((i, real, kinds[i]))
             paired.add(base_id)
     x = np.array([[float(r[k]) for k in FEATURES] for r in kept]).reshape(len(kept), len(FEATURES))
-    return x, np.array(labels), kinds, pairs
+    tests = list({r["nodeid"].partition("[")[0]: i for i, r in reversed(list(enumerate(kept)))}.values())
+    return x, np.array(labels), kinds, pairs, np.array(sorted(tests), dtype=int)
 
 
 def _auc_counts(scores, labels) -> tuple[float, int]:
@@ -211,21 +215,37 @@ def _logistic(train_x, train_y, steps=400, lr=0.5, l2=1e-2):
     return lambda z: ((z - mean) / std) @ w + b
 
 
+def _chance_se(sizes: list[tuple[int, int]]) -> float:
+    """The standard error of the pooled AUC of tasks with (canaries, real failing tests) `sizes` when the scores
+    say nothing: Mann-Whitney's U under chance (ties not counted, which only widens it), tasks independent."""
+    pairs = sum(m * n for m, n in sizes)
+    return math.sqrt(sum(m * n * (m + n + 1) / 12 for m, n in sizes)) / pairs
+
+
 def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
     factory_task_files, sandbox_factory, planted_canaries, tmp_path
 ):
     tasks = [t for path, count in factory_task_files for t in load_tasks_for_command(str(path))[:count]]
     data = [_probe(t, tmp_path / t.instance_id, sandbox_factory, planted_canaries) for t in tasks]
+    # every canary against every real failing test, one item per test (a parametrised test's cases share its
+    # name, place and code: counted apart, one draw of inflection-0000's 73 cases swung the figure)
+    sizes = [(int(y[tests].sum()), int((1 - y[tests]).sum())) for _, y, _, _, tests in data]
     report, failures = [], []
-    for j, name in enumerate(FEATURES):  # each feature alone: a twin against the real test it copies
-        pairs = [(x[a, j], x[b, j]) for x, _, _, ps in data for a, b, kind in ps if kind == "twin"]
-        report.append(f"  {name}: {sum((p > q) + 0.5 * (p == q) for p, q in pairs) / max(1, len(pairs)):.3f}")
+    for j, name in enumerate(FEATURES):  # each feature alone
+        pairs = [(x[a, j], x[b, j]) for x, _, _, ps, _ in data for a, b, kind in ps if kind == "twin"]
+        paired = sum((p > q) + 0.5 * (p == q) for p, q in pairs) / max(1, len(pairs))
+        wins, n = map(sum, zip(*(_auc_counts(x[tests, j], y[tests]) for x, y, _, _, tests in data)))
+        report.append(
+            f"  {name}: twins {paired:.3f}, every canary against every real test {wins / max(1, n):.3f}"
+        )
     for classifier in ("best single feature", "logistic regression"):
         counts = {"twin": [0.0, 0], "decoy": [0.0, 0]}
         vs_all = [0.0, 0]
-        for k, (x, y, _, pairs) in enumerate(data):
+        for k, (x, y, _, pairs, tests) in enumerate(data):
             train = [
-                (tx, ty) for i, (tx, ty, _, _) in enumerate(data) if i != k and ty.sum() and (1 - ty).sum()
+                (tx[tt], ty[tt])
+                for i, (tx, ty, _, _, tt) in enumerate(data)
+                if i != k and ty[tt].sum() and (1 - ty[tt]).sum()
             ]
             if classifier == "best single feature":
                 j, sign = _stump(train)
@@ -237,7 +257,7 @@ def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
             for a, b, kind in pairs:
                 counts[kind][0] += (scores[a] > scores[b]) + 0.5 * (scores[a] == scores[b])
                 counts[kind][1] += 1
-            w, p = _auc_counts(scores, y)
+            w, p = _auc_counts(scores[tests], y[tests])
             vs_all = [vs_all[0] + w, vs_all[1] + p]
         for kind, (wins, n) in counts.items():
             auc, se = wins / n, 0.5 / math.sqrt(n)
@@ -248,8 +268,13 @@ def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
             )
             if auc > limit and kind == "twin":
                 failures.append(report[-1])
+        auc, se = vs_all[0] / vs_all[1], _chance_se(sizes)
+        limit = max(0.5 + 3 * se, 0.6)
         report.append(
-            f"{classifier}: every canary against every real failing test, AUC {vs_all[0] / vs_all[1]:.3f}"
+            f"{classifier}: every canary against every real failing test (one item per test), AUC {auc:.3f} of "
+            f"{vs_all[1]} pairs (chance 0.5, SE {se:.3f}, limit {limit:.3f})"
         )
+        if auc > limit:
+            failures.append(report[-1])
     print("\n".join(report))
     assert not failures, "\n".join(failures)
