@@ -276,7 +276,7 @@ def plant(
         if unused:
             other = rng.choice(unused)
         else:  # a value of its own near the old one; else the most used again, so one copy stays unlike the rest
-            tries = [] if site.singleton else [_other(site.value, [], rng, site.avoid) for _ in range(8)]
+            tries = [] if site.singleton else [_other(site.value, [], rng, site.avoid) for _ in range(64)]
             new = [v for v in tries if (type(v), v) not in seen]
             other = new[0] if new else max(seen, key=seen.__getitem__)[1]
         seen[(type(other), other)] += 1

@@ -154,11 +154,20 @@ def _defs(text: str) -> dict[str, tuple[str | None, int, int, str]]:
 
 
 def _one_literal_apart(a: str, b: str) -> bool:
-    """Whether two sources tokenise alike but for exactly one string or number token."""
+    """Whether two sources tokenise alike but for exactly one string, number or singleton (True, False, None)
+    token (`x is None` -> `x is False`)."""
     ta = [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(a).readline)]
     tb = [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(b).readline)]
     diff = [(x, y) for x, y in zip(ta, tb) if x != y]
-    return len(ta) == len(tb) and len(diff) == 1 and diff[0][0][0] in (tokenize.STRING, tokenize.NUMBER)
+    singletons = {"True", "False", "None"}
+    return (
+        len(ta) == len(tb)
+        and len(diff) == 1
+        and (
+            diff[0][0][0] in (tokenize.STRING, tokenize.NUMBER)
+            or {diff[0][0][1], diff[0][1][1]} <= singletons
+        )
+    )
 
 
 def test_twins_are_broken_copies_of_the_real_failing_tests_beside_them():

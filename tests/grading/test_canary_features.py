@@ -9,14 +9,14 @@ failing items with the canaries that grading planted (label 1) and the renamed F
 lets two classifiers try, each trained on the other tasks and scored on the one held out: the best single
 feature (its direction chosen on the training tasks) and a logistic regression over all of them.
 
-Statistic: the pooled held-out AUC, P(score of a canary > score of a real failing test of the same task), ties
-counting one half, over every such pair. Chance is 0.5; the test fails when it exceeds 0.5 + 3 x its standard
-error under chance (Mann-Whitney, tasks independent) or 0.6, whichever is larger. Asserted for the must-fail
-twins that copy the real test beside them (what a rewrite must spare to win); reported, not asserted, with the
-decoys added (they keep the real tests' old names, and where a task's names nest, `test_merge` and
-`test_merge_with`, that shows) and with the stand-ins (copies of another test, for real tests with nothing to
-break): see docs/security.md, "Not defended yet". Also printed: the tasks on which the classifier's ranking
-alone would win (every canary scored above every real failing test).
+Statistics, held out: for each must-fail twin that copies the real test beside it (what a rewrite must spare
+to win), P(its score > the score of that real test), ties counting one half (the same for each decoy and the
+real test it took the name of: reported, not asserted); and P(score of a canary > score of a real failing test
+of the same task) over every such pair, twins, decoys and stand-ins (copies of another test, for real tests
+with nothing to break) alike, one item per test (a parametrised test's cases share its name, place and code).
+Chance is 0.5; the test fails when the twins' or the every-pair figure exceeds 0.5 + 3 x its standard error
+under chance (a coin per pair; Mann-Whitney's U, tasks independent) or 0.6, whichever is larger. What is
+still visible: docs/security.md, "Not defended yet".
 """
 
 from __future__ import annotations
