@@ -36,6 +36,7 @@ What stays visible to the tested code is in docs/security.md.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import secrets
@@ -470,16 +471,14 @@ def _decoys(file, fail_to_pass, defs, classes, lines, source, fresh, plant_decoy
 
     renamed: dict[str, str] = {}
     done: set[tuple[str | None, str]] = set()
+    # each name's uses and definitions, counted once (a regex per renamed test over a file of hundreds of tests
+    # was most of plant()'s time): a name is a whole run of word characters, as `\bname\b` matches it
+    words, defined = Counter(re.findall(r"\w+", source)), Counter(re.findall(r"\bdef\s+(\w+)", source))
     for key in dict.fromkeys(_def_key(t.partition("[")[0], file) for t in fail_to_pass):
         if key is None:
             continue
         cls, name = owner(key[0], key[1]), key[1]
-        uses = len(re.findall(rf"\b{re.escape(name)}\b", source))
-        if (
-            cls is False
-            or (cls, name) in done
-            or uses != len(re.findall(rf"\bdef\s+{re.escape(name)}\b", source))
-        ):
+        if cls is False or (cls, name) in done or words[name] != defined[name]:
             continue  # defined elsewhere, done, or named outside its definitions (a call, a dependency)
         done.add((cls, name))
         anchor, new = defs[(cls, name)], fresh(name)
@@ -956,10 +955,9 @@ def _fresh_name(
     want = _nesting(base, names) if names else None
     prefixes: list[str] = []
     if want and want[0]:
-        free = sorted(
-            {"_".join(n.split("_")[:k]) for n in names for k in range(2, n.count("_") + 1)} - taken - {base}
-        )
-        free = [p for p in free if _nesting(p, names) == want]
+        free = [
+            p for p, nests in _word_prefixes(names).items() if nests == want and p not in taken and p != base
+        ]
         prefixes = [p for p in free if p.count("_") == base.count("_")] or free
     first = None
     for _ in range(64):
@@ -977,6 +975,14 @@ def _fresh_name(
             first = first or name
         pool = pool + list(_FALLBACK_WORDS)
     return first or f"{base}_{len(taken)}"  # every word taken already: still a plain name
+
+
+@functools.lru_cache(maxsize=4)
+def _word_prefixes(names: frozenset[str]) -> dict[str, tuple[bool, bool]]:
+    """The word-prefixes of `names` (`test_a_b` of `test_a_b_c`), sorted, each with its _nesting (one plant()
+    asks for every renamed test and twin: a file of hundreds of tests made it a tenth of a second)."""
+    found = sorted({"_".join(n.split("_")[:k]) for n in names for k in range(2, n.count("_") + 1)})
+    return {p: _nesting(p, names) for p in found}
 
 
 def _nesting(name: str, names: frozenset[str]) -> tuple[bool, bool]:
