@@ -147,18 +147,23 @@ def test_check_canaries_names_the_forged_must_fail_canary():
 
 
 def test_a_forged_canary_flags_tampered_even_when_the_run_failed(tmp_path):
-    """(GR2) a run whose tests failed but whose must-fail canary came out PASSED was forged: tampered."""
+    """(GR2) a run whose tests failed but whose must-fail canaries came out PASSED was forged: tampered. Only the
+    patched run forges (the baseline run without the patch reports them failing, so nothing is excused), and the
+    real failing test keeps failing under its name in this run: swebench does not call it resolved."""
     FakeSandbox.made = []
 
-    class Flipping(FakeSandbox):
-        def write_file(self, path, data):
-            super().write_file(path, data)
-            if path.endswith("/canaried-0"):
-                self.outcomes = {
-                    k: "PASSED" if "::test_" in k and k not in FAIL else v for k, v in self.outcomes.items()
-                }
+    class Forging(FakeSandbox):
+        def read_file(self, path, max_bytes=None):
+            if (
+                self.patched
+            ):  # every must-fail canary (planted by now when outcomes are read) reported passing
+                self.outcomes.update({k: "PASSED" for k in self.canary_ids if self.outcomes[k] == "FAILED"})
+            return super().read_file(path, max_bytes)
 
-    result = grade_one(make_task(), GOLD_PATCH, lambda spec: Flipping(FAIL), log_dir=tmp_path)
+    result = grade_one(make_task(), GOLD_PATCH, lambda spec: Forging(FAIL), log_dir=tmp_path)
+    assert "FAILED" in [
+        v for k, v in FakeSandbox.made[0].outcomes.items() if k not in FakeSandbox.made[0].canary_ids
+    ]
     assert result.status == UNRESOLVED and "canary" in result.tampered, (result.reason, result.tampered)
 
 
