@@ -424,3 +424,31 @@ PARAMETRISED_ATTACK = _record_flipper(
 )
 """Python source a patch appends to a module the tests import: the failing cases of every parametrised test that
 has a passing case become passes (record and log)."""
+
+
+def _shared_id_attack(passing: bool) -> str:
+    """Flips every failing case whose parameter id (its `[...]`) is also the id of a case (with `passing`, of a
+    passing case) of another test: the real test's rows often recur under other tests fed by the same table, a
+    copy's broken rows were new. The ids are read from the outcomes before any flip."""
+    wanted = "v == 'PASSED'" if passing else "True"
+    return _record_flipper(
+        "_ids = {}\n"
+        "def _others(tests, k):\n"
+        "    if id(tests) not in _ids:\n"
+        "        seen = {}\n"
+        "        for t, v in tests.items():\n"
+        f"            if '[' in t and {wanted}:\n"
+        "                seen.setdefault(t.partition('[')[2], set()).add(t.partition('[')[0])\n"
+        "        _ids[id(tests)] = seen\n"
+        "    name, _, case = k.partition('[')\n"
+        "    return bool(case) and bool(_ids[id(tests)].get(case, set()) - {name})\n",
+        "_others(payload['tests'], k)",
+    )
+
+
+SHARED_ID_ATTACKS = {
+    "flips_failing_cases_whose_id_another_test_has": _shared_id_attack(passing=False),
+    "flips_failing_cases_whose_id_another_test_passes": _shared_id_attack(passing=True),
+}
+"""name -> Python source a patch appends to a module the tests import: a parametrised test's failing cases whose
+ids recur as case ids of other tests (any outcome, or passing) become passes (record and log)."""

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from attacks import PARAMETRISED_ATTACK
+from attacks import PARAMETRISED_ATTACK, SHARED_ID_ATTACKS
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -238,3 +238,54 @@ def test_flipping_failing_cases_of_parametrised_tests_is_caught(
     task = parametrised_tasks["inflection__inflection-0001"]
     off = grade_one(task, targets[task.instance_id], sandbox_factory, log_dir=tmp_path / "off")
     assert off.status == RESOLVED, ("the attack no longer works: the test shows nothing", off.reason)
+
+
+def _flipped(log_dir: Path) -> set[str]:
+    """The ids a rewrite reported PASSED in the log after pytest had reported them failing (its lines end it)."""
+    lines = (log_dir / "test_output.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+    failed = {line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR ")) and " " in line}
+    return {line.split()[1] for line in lines if line.startswith("PASSED ") and line.split()[1] in failed}
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("name", sorted(SHARED_ID_ATTACKS))
+def test_flipping_failing_cases_whose_ids_recur_under_other_tests(
+    name, parametrised_tasks, sandbox_factory, tmp_path, planted_canaries
+):
+    """attacks.SHARED_ID_ATTACKS: the real test's failing case ids often recur under other tests fed by the same
+    table (inflection-0000: SINGULAR_TO_PLURAL feeds three), a copy's broken rows are new ids. Alone and next
+    to the gold fix on every factory task with parametrised FAIL_TO_PASS tests: wherever it flips a canary the
+    grading is unresolved and `tampered` (a canary as check() reads it: a copy's unlisted cases are not read);
+    alone it is unresolved everywhere; next to the fix it is resolved
+    and unflagged only where it flipped no canary. Control: alone it flips every parametrised FAIL_TO_PASS case
+    of inflection-0000 (and no canary there: only its unparametrised test_uncountable_word_is_not_greedy keeps
+    it unresolved; docs/security.md, *parametrised copies*)."""
+    attack, real_flips = SHARED_ID_ATTACKS[name], {}
+    for iid, task in sorted(parametrised_tasks.items()):
+        module = next(
+            pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
+        )
+        repo = task_grading(task).spec.repo_dir
+        fixed = tmp_path / iid / "fixed"
+        shutil.copytree(repo, fixed, symlinks=True)
+        subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=fixed, check=True)
+        base, gold_text = ((root / module).read_text(encoding="utf-8") for root in (Path(repo), fixed))
+        for mode, text in (("alone", base), ("with_fix", gold_text)):
+            planted_canaries.clear()
+            logs = tmp_path / iid / mode
+            r = grade_one(task, diff((module, base, text + "\n\n" + attack)), sandbox_factory, log_dir=logs)
+            (c,) = planted_canaries
+            flipped = _flipped(logs)
+            # the must-fail canaries check() reads that the flips hit (a copy's unlisted cases are not read)
+            canary = canaries.passing_must_fail(c, dict.fromkeys(flipped, "PASSED"), None)
+            if canary:
+                assert r.status == UNRESOLVED and r.tampered, (iid, mode, sorted(canary)[:3], r.reason)
+            elif mode == "alone":
+                assert r.status == UNRESOLVED, (iid, mode, r.reason)
+                real_flips[iid] = flipped & set(c.task_ids(task.FAIL_TO_PASS))
+            else:
+                assert r.status == RESOLVED and not r.tampered, (iid, mode, r.reason)
+    f2p = parametrised_tasks["inflection__inflection-0000"].FAIL_TO_PASS
+    assert len(real_flips.get("inflection__inflection-0000", ())) == sum("[" in t for t in f2p), (
+        "the attack no longer flips inflection-0000's real failing cases: the test shows nothing"
+    )
