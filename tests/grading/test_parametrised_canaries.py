@@ -208,14 +208,7 @@ def test_flipping_failing_cases_of_parametrised_tests_is_caught(
     patch unresolved, neither flagged. With the canaries off the attack alone resolves inflection-0001."""
     targets = {}
     for iid, task in sorted(parametrised_tasks.items()):
-        module = next(
-            pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
-        )
-        repo = task_grading(task).spec.repo_dir
-        fixed = tmp_path / iid / "fixed"
-        shutil.copytree(repo, fixed, symlinks=True)
-        subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=fixed, check=True)
-        base, gold_text = ((root / module).read_text(encoding="utf-8") for root in (Path(repo), fixed))
+        module, base, gold_text = _library_module(task, tmp_path / iid / "fixed")
         targets[iid] = diff((module, base, base + "\n\n" + PARAMETRISED_ATTACK))
         planted_canaries.clear()
         with_fix = diff((module, base, gold_text + "\n\n" + PARAMETRISED_ATTACK))
@@ -240,6 +233,17 @@ def test_flipping_failing_cases_of_parametrised_tests_is_caught(
     assert off.status == RESOLVED, ("the attack no longer works: the test shows nothing", off.reason)
 
 
+def _library_module(task, fixed: Path) -> tuple[str, str, str]:
+    """The library module the gold patch edits: (its path, its text unfixed, its text with the gold patch, applied
+    to a copy of the task's repository at `fixed`)."""
+    module = next(pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file)
+    repo = task_grading(task).spec.repo_dir
+    shutil.copytree(repo, fixed, symlinks=True)
+    subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=fixed, check=True)
+    base, gold_text = ((root / module).read_text(encoding="utf-8") for root in (Path(repo), fixed))
+    return module, base, gold_text
+
+
 def _flipped(log_dir: Path) -> set[str]:
     """The ids a rewrite reported PASSED in the log after pytest had reported them failing (its lines end it)."""
     lines = (log_dir / "test_output.txt").read_text(encoding="utf-8", errors="replace").splitlines()
@@ -262,14 +266,7 @@ def test_flipping_failing_cases_whose_ids_recur_under_other_tests(
     it unresolved; docs/security.md, *parametrised copies*)."""
     attack, real_flips = SHARED_ID_ATTACKS[name], {}
     for iid, task in sorted(parametrised_tasks.items()):
-        module = next(
-            pf.path for pf in PatchSet(task.patch) if pf.path.endswith(".py") and not pf.is_added_file
-        )
-        repo = task_grading(task).spec.repo_dir
-        fixed = tmp_path / iid / "fixed"
-        shutil.copytree(repo, fixed, symlinks=True)
-        subprocess.run(["git", "apply", "-"], input=task.patch, text=True, cwd=fixed, check=True)
-        base, gold_text = ((root / module).read_text(encoding="utf-8") for root in (Path(repo), fixed))
+        module, base, gold_text = _library_module(task, tmp_path / iid / "fixed")
         for mode, text in (("alone", base), ("with_fix", gold_text)):
             planted_canaries.clear()
             logs = tmp_path / iid / mode
