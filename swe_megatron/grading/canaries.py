@@ -879,18 +879,9 @@ def _is_literal(node: ast.expr) -> bool:
     return True
 
 
-def _copy(d: _Def, lines: list[str], name: str, site: _Site | None = None, constants=(), rng=None) -> str:
-    """`d`'s definition as written (decorators included) under `name`; with `site`: that literal swapped for
-    another constant of its type (written in the literal's own quote style)."""
+def _copy(d: _Def, lines: list[str], name: str) -> str:
+    """`d`'s definition as written (decorators included) under `name` (a must-pass twin)."""
     text = lines[d.start - 1 : d.end]
-    if site is not None:
-        at = site.line - d.start
-        raw = text[at].encode("utf-8")
-        quote = '"' if raw[site.col : site.col + 1] == b'"' else "'"
-        other = rng.choice([v for v in _SINGLETONS if v is not site.value]) if site.singleton else None
-        other = other if site.singleton else _other(site.value, constants, rng, site.avoid)
-        new = _literal(other, quote).encode("utf-8")
-        text[at] = (raw[: site.col] + new + raw[site.end_col :]).decode("utf-8")
     at = d.line - d.start
     text[at] = re.sub(rf"\bdef\s+{re.escape(d.name)}\b", f"def {name}", text[at], count=1)
     return "".join(text)
