@@ -29,6 +29,13 @@ def split_stale(trajs: Sequence[Trajectory], trainer_version: int, max_staleness
     return kept, dropped
 
 
+def staleness_lr_scale(trajs: Sequence[Trajectory], trainer_version: int) -> float:
+    """1 / (1 + mean staleness of trajs): the factor of algo.staleness_lr (1.0 for none or an on-policy batch)."""
+    if not trajs:
+        return 1.0
+    return 1.0 / (1.0 + sum(staleness(t, trainer_version) for t in trajs) / len(trajs))
+
+
 def staleness_metrics(trajs: Sequence[Trajectory], trainer_version: int, dropped: int) -> dict[str, float]:
     """async/* scalars of one batch: staleness mean and max over its trajectories, how many of them were sampled
     by more than one version (weights changed mid-episode), and how many were dropped as too stale."""

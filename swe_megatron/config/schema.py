@@ -220,6 +220,11 @@ class AlgoConfig:
     """Bounded-staleness async RL (beyond the paper): 0 = the paper's synchronous loop; k in 1..15 = the
     rollouts of RL iterations i+1..i+k run while the trainer updates on i (within a stage), and a trajectory more
     than k updates behind the trainer is never trained on (pipeline/ahead.py; preset: algo=async)."""
+    staleness_lr: bool = False
+    """Staleness-aware learning rate (beyond the paper): an iteration's optimiser steps use lr / (1 + s), s the mean
+    staleness of its trained trajectories (algo/staleness.py), the rule of staleness-aware async SGD (Zhang et al.
+    2016, eta / tau). A stale batch repeats a signal the trainer has already followed once; at full lr the async
+    modes ended stage 1 with a worse policy than sync (docs/learning.md). No effect on synchronous batches (s = 0)."""
 
 
 @dataclass

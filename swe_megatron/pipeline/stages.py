@@ -34,7 +34,7 @@ from swe_megatron.algo import (
     split_optimizer_steps,
     tasks_to_sample,
 )
-from swe_megatron.algo.staleness import split_stale, staleness, staleness_metrics
+from swe_megatron.algo.staleness import split_stale, staleness, staleness_lr_scale, staleness_metrics
 from swe_megatron.config.schema import LrSchedule, RunConfig
 from swe_megatron.engine.gate import VersionGate
 from swe_megatron.engine.scripted import ScriptedPolicy, turn_fits
@@ -318,10 +318,12 @@ class Batch:
     """The RftReport, DapoBatch or warm-start data metrics behind the samples (rank 0)."""
     counts: dict[str, int] = field(default_factory=dict)
     """DAPO: trajectories dropped as too stale, and redone after an interrupted attempt (rank 0)."""
+    lr_scale: float = 1.0
+    """DAPO: the factor on the stage's lr for this update, algo.staleness_lr (every rank)."""
 
     def shared(self) -> Batch:
-        """What the other ranks need: the samples and the number of optimiser steps."""
-        return Batch(self.samples, self.num_steps)
+        """What the other ranks need: the samples, the number of optimiser steps and the lr factor."""
+        return Batch(self.samples, self.num_steps, lr_scale=self.lr_scale)
 
 
 def _sft_batch(stage, kept: list[Trajectory], masks: list[list[int]], trajs: list[Trajectory], seconds: dict,
@@ -487,7 +489,9 @@ def _dapo_batch(ctx: Context, stage_name: str, it: int, unit: str) -> Batch:
         len(samples), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
     )
     counts = {"dropped_stale": len(stale), "redone_on_resume": rolled.redone}
-    return Batch(samples, n_steps, rolled.trajs, rolled.seconds | {"trainer_wait_s": waited}, batch, counts)
+    scale = staleness_lr_scale(batch.trajectories, ctx.run.step) if cfg.algo.staleness_lr else 1.0
+    seconds = rolled.seconds | {"trainer_wait_s": waited}
+    return Batch(samples, n_steps, rolled.trajs, seconds, batch, counts, scale)
 
 
 def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
@@ -501,7 +505,7 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
     trainer = trainer_for(ctx, stage_name, stage.iterations * max(stage.max_optimizer_steps, 1))
     t = time.perf_counter()
     loss = LossSpec("dapo", stage.eps_low, stage.eps_high, ctx.cfg.algo.off_policy)
-    steps = trainer.update(b.samples, b.num_steps, loss) if b.samples else []
+    steps = trainer.update(b.samples, b.num_steps, loss, b.lr_scale) if b.samples else []
     b.seconds["train_s"] = time.perf_counter() - t
     ckpt = _checkpoint_and_sync(ctx, unit, stage_name, b.seconds)
 
@@ -514,6 +518,7 @@ def dapo_iteration(ctx: Context, stage_name: str, it: int) -> None:
         metrics["async"] = staleness_metrics(b.trajs, ctx.run.step, b.counts["dropped_stale"]) | {
             "redone_on_resume": float(b.counts["redone_on_resume"]),
             "max_staleness": float(ctx.cfg.algo.max_staleness),
+            "lr_scale": b.lr_scale,
         }
         metrics["pool"] = {"active": float(len(ctx.pool.active))}
         if ctx.cfg.algo.max_staleness >= 1:

@@ -196,11 +196,16 @@ class Trainer:
         self.model.train()
 
     def train_step(
-        self, microbatches: list[MicroBatch], loss: LossSpec, is_weights: list[torch.Tensor] | None = None
+        self,
+        microbatches: list[MicroBatch],
+        loss: LossSpec,
+        is_weights: list[torch.Tensor] | None = None,
+        lr_scale: float = 1.0,
     ) -> dict[str, float]:
         """One optimiser step over this rank's micro-batches (old_logprobs must be set for DAPO).
 
         is_weights: per micro-batch, the DAPO loss's per-token off-policy weights (`off_policy`); None: none.
+        lr_scale: multiplies the schedule's lr for this step (algo.staleness_lr); reported lr is the one used.
         """
         weight_of = {id(mb): w for mb, w in zip(microbatches, is_weights or [])}
         local_tokens = sum(mb.num_action_tokens for mb in microbatches)
@@ -226,7 +231,7 @@ class Trainer:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         reports = self._run(microbatches, loss_fn, forward_only=False)
-        lr = self.schedule.lr_at(self.steps_done)
+        lr = self.schedule.lr_at(self.steps_done) * lr_scale
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
         ok, grad_norm, _ = self.optimizer.step()
@@ -243,8 +248,11 @@ class Trainer:
         out["update_ok"] = float(bool(ok))
         return out
 
-    def update(self, samples: list[TrainSample], num_steps: int, loss: LossSpec) -> list[dict[str, float]]:
-        """One iteration: old logprobs first, then `num_steps` optimiser steps over `samples`. Metrics per step."""
+    def update(
+        self, samples: list[TrainSample], num_steps: int, loss: LossSpec, lr_scale: float = 1.0
+    ) -> list[dict[str, float]]:
+        """One iteration: old logprobs first, then `num_steps` optimiser steps over `samples` at the schedule's lr
+        times lr_scale (algo.staleness_lr). Metrics per step."""
         steps = [self._my_microbatches(samples, list(r)) for r in split_into_steps(len(samples), num_steps)]
         mismatch, weights = None, None
         if loss.kind == "dapo":
@@ -258,7 +266,9 @@ class Trainer:
                 weights = iter(all_weights)
         out = []
         for mbs in steps:
-            metrics = self.train_step(mbs, loss, None if weights is None else [next(weights) for _ in mbs])
+            metrics = self.train_step(
+                mbs, loss, None if weights is None else [next(weights) for _ in mbs], lr_scale
+            )
             if mismatch is not None:
                 metrics.update(mismatch)
             out.append(metrics)

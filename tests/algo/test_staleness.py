@@ -2,7 +2,7 @@
 
 import pytest
 
-from swe_megatron.algo.staleness import split_stale, staleness, staleness_metrics
+from swe_megatron.algo.staleness import split_stale, staleness, staleness_lr_scale, staleness_metrics
 from swe_megatron.rollout.command import render_trajectory
 from swe_megatron.trajectory import Trajectory
 
@@ -52,3 +52,11 @@ def test_an_empty_batch_has_zero_staleness_and_counts_its_drops():
     assert staleness_metrics([], 3, dropped=4) == {
         "staleness_mean": 0.0, "staleness_max": 0.0, "mixed_version_trajectories": 0.0, "dropped_stale": 4.0,
     }  # fmt: skip
+
+
+def test_the_staleness_aware_lr_divides_by_one_plus_the_mean_staleness():
+    """algo.staleness_lr: lr / (1 + mean staleness) over the trained trajectories; on-policy and empty batches 1."""
+    assert staleness_lr_scale([_traj(0, [6]), _traj(1, [])], 6) == 1.0
+    assert staleness_lr_scale([], 6) == 1.0
+    assert staleness_lr_scale([_traj(0, [5, 6]), _traj(1, [6])], 6) == 1 / 1.5  # oldest turn counts: mean 0.5
+    assert staleness_lr_scale([_traj(0, [4]), _traj(1, [5])], 6) == 1 / 2.5

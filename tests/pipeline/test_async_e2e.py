@@ -155,7 +155,13 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
         assert m["async"]["staleness_max"] <= 1 and m["async"]["dropped_stale"] == 0, (u, m["async"])
         # Not clamped (Ahead.cycle): busy or waiting time outside the cycle would show here.
         assert 0 <= m["time"]["trainer_idle_frac"] <= 1 and 0 <= m["time"]["engine_idle_frac"] <= 1, u
+        # algo.staleness_lr (on in the preset): the update ran at the stage's lr / (1 + mean staleness of the trained
+        # trajectories), on-policy units at the full lr
+        lr = {"stage1": 4e-4, "stage2": 3e-2}[u.split(":")[0]]
+        assert 0.5 <= m["async"]["lr_scale"] <= 1, (u, m["async"])
+        assert m["train"].get("lr", lr) == pytest.approx(lr * m["async"]["lr_scale"]), (u, m["train"], m["async"])
         if u in ("stage1:0", "stage2:0"):
+            assert m["async"]["lr_scale"] == 1.0, (u, m["async"])
             # A stage's first unit is on-policy: sampled by the weights the trainer starts from, which the engine
             # got by broadcast (stage1:0 follows the warm start's large SFT update: an engine left on the
             # initial weights is 0.065 off).

@@ -48,3 +48,7 @@ def test_the_trainer_follows_the_schedule_a_stage_passes_in(megatron_world):
     trainer.set_schedule(LrScheduler(2e-4, 2e-4, 0, LrSchedule.constant, 4))
     assert trainer.train_step(pack([sample], 64), LossSpec("sft"))["lr"] == 2e-4
     assert trainer.steps_done == 2
+    # algo.staleness_lr: the factor reaches the optimiser itself, not only the report
+    assert trainer.train_step(pack([sample], 64), LossSpec("sft"), lr_scale=0.5)["lr"] == 1e-4
+    assert {g["lr"] / g.get("lr_mult", 1.0) for g in trainer.optimizer.param_groups} == {1e-4}
+    assert [m["lr"] for m in trainer.update([sample, sample], 2, LossSpec("sft"), lr_scale=0.25)] == [5e-5, 5e-5]
