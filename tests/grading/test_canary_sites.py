@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import ast
 import random
-import subprocess
 import sys
 from collections import Counter
+
+from pytest_run import pytest_outcomes
 
 from swe_megatron.grading import canaries
 
@@ -196,29 +197,7 @@ def _pytest_run(tmp_path, text):
     """(node id -> PASSED/FAILED/..., the run's output) of t.py holding `text`."""
     tmp_path.mkdir(parents=True)
     (tmp_path / "t.py").write_text(text)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-rA",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            "t.py",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    status = {}
-    for line in run.stdout.splitlines():
-        word, _, node = line.partition(" ")
-        if word in ("PASSED", "FAILED", "ERROR") and node.startswith("t.py::"):
-            status[node.split(" - ")[0]] = word
-    return status, run.stdout[-3000:]
+    return pytest_outcomes(sys.executable, "t.py", tmp_path, "-q", "--rootdir", str(tmp_path))
 
 
 ALIKE = """\

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from attacks import PARAMETRISED_ATTACK, SHARED_ID_ATTACKS
+from pytest_run import pytest_outcomes
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -159,34 +160,14 @@ def test_planted_inflection_file_runs_as_its_cases_say_and_the_rewrite_is_caught
     for seed in range(2):
         path, _, c = _plant(task, seed)
         (repo / path).write_text(c.text)
-        run = subprocess.run(
-            [
-                f"{tg.spec.env_dir}/bin/python",
-                "-m",
-                "pytest",
-                "-rA",
-                "-p",
-                "no:cacheprovider",
-                "-o",
-                "addopts=",
-                path,
-            ],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-        )
-        status = {}
-        for line in run.stdout.splitlines():
-            word, _, node = line.partition(" ")
-            if word in ("PASSED", "FAILED", "ERROR") and node.startswith(f"{path}::"):
-                status[node.split(" - ")[0]] = word
+        status, out = pytest_outcomes(f"{tg.spec.env_dir}/bin/python", path, repo, "-o", "addopts=")
         graded = c.task_ids([*task.FAIL_TO_PASS, *task.PASS_TO_PASS])
-        assert all(status.get(t) == "PASSED" for t in graded), run.stdout[-3000:]
+        assert all(status.get(t) == "PASSED" for t in graded), out
         assert c.cases and all(
             status.get(f"{node}[{case}]") == want
             for node, listed in c.cases.items()
             for case, want in listed.items()
-        ), run.stdout[-3000:]
+        ), out
         assert canaries.check(c, status, {"tests": status}) == ([], False)
         flipped = _flip_mixed(status)
         assert all(flipped[t] == "PASSED" for t in graded)
