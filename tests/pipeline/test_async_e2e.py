@@ -37,8 +37,8 @@ RECEIVER_FAULT = Path(__file__).parent / "receiver_fault"
 # (the first finishes about a quarter into its unit's rollout, not with the other three) and stage-1 episodes of
 # two turns (rewards are 0 either way here): in CI on 8517dd1, and alone, the first phase ran to its end without a
 # stop, its first ahead episode still running when the update landed.
-ASYNC = ["algo=async", "stage1.iterations=4", "eval.runs=1", "eval.k=[1]", "agent.concurrency=1", "stage1.t_max=2",
-         "stage1.l_thr=1",
+ASYNC = ["algo=async", "algo.staleness_lr=true", "stage1.iterations=4", "eval.runs=1", "eval.k=[1]",
+         "agent.concurrency=1", "stage1.t_max=2", "stage1.l_thr=1",
          # stage2:0's update is the last before eval: large, so that an engine that missed it is far off.
          "stage2.optim.lr=3e-2",
          "engine.weight_sync=broadcast", "engine.weight_sync_bucket_mb=0.0625", "engine.weight_sync_port=0"]  # fmt: skip
@@ -155,7 +155,7 @@ def test_async_run_stops_and_is_killed_with_rollouts_ahead_and_resumes_exactly(t
         assert m["async"]["staleness_max"] <= 1 and m["async"]["dropped_stale"] == 0, (u, m["async"])
         # Not clamped (Ahead.cycle): busy or waiting time outside the cycle would show here.
         assert 0 <= m["time"]["trainer_idle_frac"] <= 1 and 0 <= m["time"]["engine_idle_frac"] <= 1, u
-        # algo.staleness_lr (on in the preset): the update ran at the stage's lr / (1 + mean staleness of the trained
+        # algo.staleness_lr (on here; off in the preset): the update ran at the stage's lr / (1 + mean staleness of the trained
         # trajectories), on-policy units at the full lr
         lr = {"stage1": 4e-4, "stage2": 3e-2}[u.split(":")[0]]
         assert 0.5 <= m["async"]["lr_scale"] <= 1, (u, m["async"])
