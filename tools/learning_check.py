@@ -16,6 +16,10 @@ the mean and the minimum over seeds, and the targets of issue 38:
     every seed's rise over all RL iterations >= +15 points; their mean >= +25;
     stage 1 alone rising in every seed; give-ups falling (last two iterations below the first two) in every seed.
 
+Each run's line ends with the machine's mean load while it ran (the 1-minute load average, sampled every 5 s);
+a mode whose runs shared the machine (load above its cores) gets a note: async learning was measured lower under
+load (docs/learning.md, section 0).
+
 Exit status 0 when every run finished and every target holds, 1 otherwise.
 
 Modes: `sync` (the paper's synchronous loop), `k1` (`algo.max_staleness=1` alone: rollouts one update ahead, no
@@ -158,12 +162,15 @@ def print_mode(mode: str, runs: list[dict]) -> list[str]:
               f"  rise stage1 {_f(x['rise_stage1'])}  all {_f(x['rise_all'])}"
               f"  held-out pass@1 {_f(r['heldout_pass@1'], '.1f')}"
               f"  warm start {w.get('epochs', '-')} epochs, loss {_f(w.get('final_epoch_loss'), '.4f')}"
-              f"  exit {r['exit_status']}, {r['wall_s']:.0f} s")  # fmt: skip
+              f"  exit {r['exit_status']}, {r['wall_s']:.0f} s, load {_f(r.get('load_mean'), '.1f')}")  # fmt: skip
     summary, missed = verdict(runs)
     print(f"{mode}: rise over all RL iterations mean {_f(summary['rise_all_mean'])} (SEM {_f(summary['rise_all_sem'], '.1f')}), "
           f"min {_f(summary['rise_all_min'])}; stage 1 mean {_f(summary['rise_stage1_mean'])}, "
           f"min {_f(summary['rise_stage1_min'])}")  # fmt: skip
     print(f"{mode}: targets " + ("all hold" if not missed else "MISSED:\n  " + "\n  ".join(missed)))
+    note = load_note(runs)
+    if note:
+        print(f"{mode}: {note}")
     return missed
 
 
@@ -178,10 +185,38 @@ def run_one(run_root: Path, mode: str, seed: int, overrides: list[str], fresh: b
     print(f"{mode} seed {seed}: {' '.join(cmd)} (log {log})", flush=True)
     t0 = time.monotonic()
     with open(log, "ab") as out:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                            env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}).returncode  # fmt: skip
+        rc, load = run_sampling_load(cmd, out, os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     return {"mode": mode, "seed": seed, "exit_status": rc, "wall_s": time.monotonic() - t0, "log": str(log),
-            **read_run(run_dir)}  # fmt: skip
+            "load_mean": load, **read_run(run_dir)}  # fmt: skip
+
+
+LOAD_SAMPLE_S = 5.0
+"""Seconds between samples of the machine's load while a run runs."""
+
+
+def run_sampling_load(cmd: list[str], out, env: dict) -> tuple[int, float | None]:
+    """(exit status of cmd run in ROOT with stdout and stderr to out, the mean of the 1-minute load average
+    sampled every LOAD_SAMPLE_S while it ran; None when it ended before the first sample)."""
+    loads = []
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env) as proc:
+        while True:
+            try:
+                return proc.wait(timeout=LOAD_SAMPLE_S), (statistics.mean(loads) if loads else None)
+            except subprocess.TimeoutExpired:
+                loads.append(os.getloadavg()[0])
+
+
+def load_note(runs: list[dict], cores: int | None = None) -> str | None:
+    """A warning when a run shared the machine (its mean load above the cores): async learning was measured lower
+    under load (docs/learning.md, section 0), so such a verdict is not the recipe's alone."""
+    cores = cores or os.cpu_count() or 1
+    busy = [r for r in runs if (r.get("load_mean") or 0.0) > cores]
+    if not busy:
+        return None
+    worst = max(r["load_mean"] for r in busy)
+    return (f"note: {len(busy)} of {len(runs)} runs ran at a mean load above the machine's {cores} cores (up to "
+            f"{worst:.1f}); async learning was measured lower under load (docs/learning.md, section 0): rerun them "
+            "one at a time on a quiet machine before reading a miss as the recipe's")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
