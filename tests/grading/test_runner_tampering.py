@@ -198,7 +198,6 @@ def test_rewrites_sparing_what_code_can_see_of_the_canaries_are_caught_on_every_
         pytest.fail("the attack resolves no task even without canaries: the test shows nothing")
 
 
-
 def _chance_bound(n: int, p: float, tail: float = 1e-3) -> int:
     """The least k with P(Binomial(n, p) > k) < tail."""
     k = 0
@@ -210,6 +209,7 @@ def _chance_bound(n: int, p: float, tail: float = 1e-3) -> int:
 def test_chance_bound_is_the_binomial_tail():
     assert [_chance_bound(n, 1 / 6) for n in (3, 24)] == [3, 10]
     assert _chance_bound(24, 1 / 6, tail=0.5) == 4
+
 
 @pytest.mark.parametrize("name", sorted(STAND_IN_ATTACKS))
 def test_sparing_near_copies_of_other_tests_is_caught_on_every_task(

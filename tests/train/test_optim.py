@@ -51,4 +51,5 @@ def test_the_trainer_follows_the_schedule_a_stage_passes_in(megatron_world):
     # algo.staleness_lr: the factor reaches the optimiser itself, not only the report
     assert trainer.train_step(pack([sample], 64), LossSpec("sft"), lr_scale=0.5)["lr"] == 1e-4
     assert {g["lr"] / g.get("lr_mult", 1.0) for g in trainer.optimizer.param_groups} == {1e-4}
-    assert [m["lr"] for m in trainer.update([sample, sample], 2, LossSpec("sft"), lr_scale=0.25)] == [5e-5, 5e-5]
+    steps = trainer.update([sample, sample], 2, LossSpec("sft"), lr_scale=0.25)
+    assert [m["lr"] for m in steps] == [5e-5, 5e-5]
