@@ -60,3 +60,26 @@ def test_the_staleness_aware_lr_divides_by_one_plus_the_mean_staleness():
     assert staleness_lr_scale([], 6) == 1.0
     assert staleness_lr_scale([_traj(0, [5, 6]), _traj(1, [6])], 6) == 1 / 1.5  # oldest turn counts: mean 0.5
     assert staleness_lr_scale([_traj(0, [4]), _traj(1, [5])], 6) == 1 / 2.5
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_dapo_batch_carries_the_staleness_lr_to_every_rank(on, tmp_path):
+    """pipeline/stages.py: algo.staleness_lr sets the unit's Batch.lr_scale from the trajectories it trains on (all
+    stale here: sampled by version 4, the trainer at 5), and Batch.shared, what the other ranks get, keeps it; off,
+    the factor is 1. (dapo_iteration hands b.lr_scale to Trainer.update, whose use of it test_optim checks.)"""
+    from types import SimpleNamespace
+
+    from swe_megatron.config.load import load_config
+    from swe_megatron.pipeline import stages
+
+    from .conftest import build_trajectory
+
+    cfg = load_config("embedded", ["algo=async", f"algo.staleness_lr={str(on).lower()}", "stage1.iterations=1"])
+    trajs = [build_trajectory(f"t{i // 2}", i % 2, resolved=i % 2 == 0, policy_versions=[4, 5]) for i in range(4)]
+    rolled = stages.Rolled(trajs, {}, 0)
+    ahead = SimpleNamespace(begin=lambda stage: None, start_process=lambda factory: None, take=lambda unit: rolled)
+    ctx = SimpleNamespace(cfg=cfg, ahead=ahead, run=SimpleNamespace(step=5), rollouts=None, gate=None)
+    batch = stages._dapo_batch(ctx, "stage1", 0, "stage1:0")
+    assert len(batch.info.trajectories) == 4
+    want = 0.5 if on else 1.0
+    assert batch.lr_scale == want and batch.shared().lr_scale == want
