@@ -170,6 +170,11 @@ class _Def:
     sites: tuple[_Site, ...] = ()  # literals of its last top-level equality assertion (none: cannot break)
     plain: bool = True  # runs once as written (not parametrised, skipped, xfail): a copy passes as it does
     columns: tuple[_Column, ...] = ()  # parametrise columns a copy can break in every row (where no site)
+    table_args: tuple[
+        str, ...
+    ] = ()  # parametrised over module tables alone (_table_parametrize): its arguments
+    table_names: tuple[_Site, ...] = ()  # ... and where its decorator names each table (value: the name)
+    loads: frozenset[str] = frozenset()  # the names its body reads
 
     @property
     def breakable(self) -> bool:
@@ -345,10 +350,41 @@ def plant(
                 inserts.setdefault(end, []).append(eol + text)
         edits = [e for e in edits if template.start <= e[0] <= template.end]  # an inline table's cells
         edits += [(n.line, n.col, n.end_col, renames[n.value]) for n in column.names]
-        text = _edited(pristine, template.start, template.end, edits).splitlines(True)
-        at = template.line - template.start
-        text[at] = re.sub(rf"\bdef\s+{re.escape(template.name)}\b", f"def {name}", text[at], count=1)
-        return "".join(text)
+        if renames and node in cases:
+            readers(template, column, renames, {column.cells.index(c): v for c, v in swaps})
+        return _named(template, _edited(pristine, template.start, template.end, edits), name)
+
+    def readers(template: _Def, column: _Column, renames: dict[str, str], swapped: dict[int, Any]) -> None:
+        """Must-pass copies, over the table copies `renames` made (rows `swapped` given new values), of the other
+        tests the same tables feed that never read the swapped column (test_pluralize_plural beside a broken
+        test_singularize_plural) and have no FAIL_TO_PASS case, where each swapped row is a listed PASS_TO_PASS
+        case of theirs: the broken rows' new ids then recur as passing cases of another test, as the real failing
+        rows' ids do (a rewrite that flips the failing cases whose ids recur under other tests,
+        attacks.SHARED_ID_ATTACKS, flips the copy too). Each copy must pass in the swapped rows and in its rows
+        listed in the task (an id with a whitespace is cut short in the task's lists: not read)."""
+        tables = [n.value for n in column.names]
+        for key, d in sorted(defs.items(), key=str):
+            listed = listed_cases.get(key, set())
+            if (
+                d is template
+                or not d.table_args
+                or d.table_args != template.table_args
+                or [n.value for n in d.table_names] != tables
+                or template.table_args[column.index] in d.loads
+                or f2p_cases.get(key)
+                or any(column.case_id(i) not in listed for i in swapped)
+            ):
+                continue
+            name = fresh(d.name)
+            edits = [(n.line, n.col, n.end_col, renames[n.value]) for n in d.table_names]
+            put(d, _named(d, _edited(pristine, d.start, d.end, edits), name))
+            node = "::".join(p for p in (file, d.cls, name) if p)
+            expected[node] = "PASSED"
+            cases[node] = {
+                column.case_id(i, swapped[i], swapped=True) if i in swapped else column.case_id(i): "PASSED"
+                for i in range(len(column.cells))
+                if i in swapped or column.case_id(i) in listed
+            }
 
     def literal_body(anchor: _Def | None, name: str, equal: bool) -> str:
         quote = '"' if source.count('"') > source.count("'") else "'"
@@ -422,7 +458,7 @@ def plant(
     stand_ins = {
         k for k in stand_ins if expected.get(k) == "FAILED"
     }  # only checked ones (decoys: FAIL_TO_PASS)
-    cases = {node: want for node, want in cases.items() if expected.get(node) == "FAILED"}
+    cases = {node: want for node, want in cases.items() if node in expected}
     copies = {}
     for node, (cls, name) in copied.items():
         original = "::".join(p for p in (file, cls, name) if p)
@@ -590,9 +626,11 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
             plain = not any(re.search("parametri|xfail|skip", ast.unparse(d)) for d in node.decorator_list)
             sites = _sites(node, helpers)
             columns = () if sites else _columns(node, tables)
+            loads = frozenset(n.id for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.Name))
             out[(cls, node.name)] = _Def(
-                node.name, cls, args, indent, body_indent, start, node.lineno, end, sites, plain, columns
-            )
+                node.name, cls, args, indent, body_indent, start, node.lineno, end, sites, plain, columns,
+                *_table_parametrize(node, tables, cls is not None), loads,
+            )  # fmt: skip
     return out
 
 
@@ -742,13 +780,8 @@ def _columns(fn: ast.FunctionDef, tables: dict[str, ast.Assign]) -> tuple[_Colum
         if len(deco.args) != 2 or any(k.arg in ("indirect", "argnames", "argvalues") for k in deco.keywords):
             continue
         names, values = deco.args
-        if isinstance(names, ast.Constant) and isinstance(names.value, str):
-            argnames = [n.strip() for n in names.value.split(",")]
-        elif isinstance(names, (ast.Tuple, ast.List)) and all(
-            isinstance(e, ast.Constant) for e in names.elts
-        ):
-            argnames = [e.value for e in names.elts]
-        else:
+        argnames = _argnames(names)
+        if argnames is None:
             continue
         parts, named, table_sites = [], [], {}
         todo = [values]
@@ -787,6 +820,49 @@ def _columns(fn: ast.FunctionDef, tables: dict[str, ast.Assign]) -> tuple[_Colum
             if all(cells):
                 out.append(_Column(tuple(cells), tuple(named), tuple(table_sites.values()), ids, j))
     return tuple(out)
+
+
+def _argnames(names: ast.expr) -> list[str] | None:
+    """A parametrize decorator's argument names written as one string ("a, b") or a tuple or list of strings."""
+    if isinstance(names, ast.Constant) and isinstance(names.value, str):
+        return [n.strip() for n in names.value.split(",")]
+    if isinstance(names, (ast.Tuple, ast.List)) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in names.elts
+    ):
+        return [e.value for e in names.elts]
+    return None
+
+
+def _table_parametrize(
+    fn: ast.FunctionDef, tables: dict[str, ast.Assign], method: bool
+) -> tuple[tuple[str, ...], tuple[_Site, ...]]:
+    """(argument names, where the decorator names each table) where `fn` runs as written under one parametrize
+    whose rows are module tables alone (a name or a sum of names) and takes those arguments and nothing else
+    (`self` first in a class: no fixture such as `request` can read a parameter it does not name); else
+    ((), ()). Tests fed by the same tables so run each row under the same case id."""
+    decos = [d for d in fn.decorator_list if "parametrize" in ast.unparse(d)]
+    if len(decos) != len(fn.decorator_list) or len(decos) != 1:
+        return (), ()
+    (deco,) = decos
+    if not (isinstance(deco, ast.Call) and ast.unparse(deco.func).endswith("parametrize")):
+        return (), ()
+    if len(deco.args) != 2 or deco.keywords:
+        return (), ()
+    argnames = _argnames(deco.args[0])
+    a = fn.args
+    params = [p.arg for p in a.posonlyargs + a.args][1 if method else 0 :]
+    if not argnames or params != argnames or a.vararg or a.kwarg or a.kwonlyargs:
+        return (), ()
+    names, todo = [], [deco.args[1]]
+    while todo:
+        part = todo.pop()
+        if isinstance(part, ast.BinOp) and isinstance(part.op, ast.Add):
+            todo += [part.right, part.left]
+        elif isinstance(part, ast.Name) and part.id in tables:
+            names.append(_Site(part.lineno, part.col_offset, part.end_col_offset, part.id))
+        else:
+            return (), ()
+    return tuple(argnames), tuple(names)
 
 
 def _row_ids(
@@ -881,10 +957,15 @@ def _is_literal(node: ast.expr) -> bool:
 
 def _copy(d: _Def, lines: list[str], name: str) -> str:
     """`d`'s definition as written (decorators included) under `name` (a must-pass twin)."""
-    text = lines[d.start - 1 : d.end]
+    return _named(d, "".join(lines[d.start - 1 : d.end]), name)
+
+
+def _named(d: _Def, text: str, name: str) -> str:
+    """`text`, `d`'s definition (decorators included, edited or not), with its `def` line naming `name`."""
+    out = text.splitlines(True)
     at = d.line - d.start
-    text[at] = re.sub(rf"\bdef\s+{re.escape(d.name)}\b", f"def {name}", text[at], count=1)
-    return "".join(text)
+    out[at] = re.sub(rf"\bdef\s+{re.escape(d.name)}\b", f"def {name}", out[at], count=1)
+    return "".join(out)
 
 
 def _other(value: Any, constants: list[Any], rng: Any, avoid: str = "") -> Any:
