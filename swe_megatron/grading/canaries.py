@@ -784,12 +784,8 @@ def _columns(fn: ast.FunctionDef, tables: dict[str, ast.Assign]) -> tuple[_Colum
         if argnames is None:
             continue
         parts, named, table_sites = [], [], {}
-        todo = [values]
-        while todo:
-            part = todo.pop()
-            if isinstance(part, ast.BinOp) and isinstance(part.op, ast.Add):
-                todo += [part.right, part.left]
-            elif isinstance(part, ast.Name) and part.id in tables:
+        for part in _summands(values):
+            if isinstance(part, ast.Name) and part.id in tables:
                 named.append(_Site(part.lineno, part.col_offset, part.end_col_offset, part.id))
                 node = tables[part.id]
                 target = node.targets[0]
@@ -853,16 +849,22 @@ def _table_parametrize(
     params = [p.arg for p in a.posonlyargs + a.args][1 if method else 0 :]
     if not argnames or params != argnames or a.vararg or a.kwarg or a.kwonlyargs:
         return (), ()
-    names, todo = [], [deco.args[1]]
+    parts = _summands(deco.args[1])
+    if not all(isinstance(part, ast.Name) and part.id in tables for part in parts):
+        return (), ()
+    return tuple(argnames), tuple(_Site(p.lineno, p.col_offset, p.end_col_offset, p.id) for p in parts)
+
+
+def _summands(value: ast.expr) -> list[ast.expr]:
+    """The terms of `value` read as a sum (`A + B + [...]`), left to right; [value] where it is not one."""
+    out, todo = [], [value]
     while todo:
         part = todo.pop()
         if isinstance(part, ast.BinOp) and isinstance(part.op, ast.Add):
             todo += [part.right, part.left]
-        elif isinstance(part, ast.Name) and part.id in tables:
-            names.append(_Site(part.lineno, part.col_offset, part.end_col_offset, part.id))
         else:
-            return (), ()
-    return tuple(argnames), tuple(names)
+            out.append(part)
+    return out
 
 
 def _row_ids(
