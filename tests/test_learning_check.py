@@ -49,6 +49,9 @@ def test_the_rises_and_the_targets(tmp_path):
     runs = [{"seed": 0, "exit_status": 0, **good}, {"seed": 1, "exit_status": 0, **flat}]
     summary, missed = lc.verdict(runs)
     assert [round(r, 6) for r in summary["rise_all"]] == [30.0, 20.0] and round(summary["rise_all_min"], 6) == 20.0
+    # per step, mean of the two runs: (+10 +10), (+10 +0), (+10 -10), (+0 +20), (+10 +10)
+    assert [round(g, 6) for g in summary["gain_per_iteration"]] == [10.0, 5.0, 0.0, 10.0, 10.0]
+    assert [round(g, 6) for g in lc.gains([[0.1, 0.2, 0.4], [0.1, 0.3]])] == [15.0] and lc.gains([]) == []  # steps every run has
     # flat: stage 1 ends where it began (0 points: not a rise); all RL +20 and give-ups 19 -> 14.5 hold; mean +25
     assert missed == ["seed 1: stage 1 did not rise (+0.0)"]
     assert not any(m.startswith("seed 0") for m in missed)

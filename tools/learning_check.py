@@ -11,7 +11,8 @@ metrics.json and prints per seed: the warm start's epochs and final loss, the re
 iteration's own rollouts, the give-ups (episodes that submitted without a change) per iteration, the rise of
 stage 1 and of all RL iterations (mean of the last two iterations minus the first two, in points) and held-out
 pass@1 (the eval unit; 0 is expected for the tiny model, which memorises its training tasks). Then, per mode,
-the mean and the minimum over seeds, and the targets of issue 38:
+the mean and the minimum over seeds, the mean gain per RL iteration (each iteration's rate minus the one before:
+where learning happens and where it stops), and the targets of issue 38:
 
     every seed's rise over all RL iterations >= +15 points; their mean >= +25;
     stage 1 alone rising in every seed; give-ups falling (last two iterations below the first two) in every seed.
@@ -147,8 +148,16 @@ def verdict(runs: list[dict]) -> tuple[dict, list[str]]:
         "rise_stage1_mean": statistics.mean(s1) if s1 else None,
         "rise_stage1_min": min(s1) if s1 else None,
         "heldout_pass@1": [r["heldout_pass@1"] for r in runs],
+        "gain_per_iteration": gains([[u["resolved_rate"] for u in r["units"]] for r in runs]),
     }
     return summary, missed
+
+
+def gains(curves: list[list[float]]) -> list[float]:
+    """Mean over runs of each RL iteration's resolved rate minus the one before, x100 (points), for the steps
+    every run has: where learning happens and where it stops."""
+    steps = min((len(c) for c in curves), default=0) - 1
+    return [100 * statistics.mean(c[k + 1] - c[k] for c in curves) for k in range(max(steps, 0))]
 
 
 def print_mode(mode: str, runs: list[dict]) -> list[str]:
@@ -167,6 +176,7 @@ def print_mode(mode: str, runs: list[dict]) -> list[str]:
     print(f"{mode}: rise over all RL iterations mean {_f(summary['rise_all_mean'])} (SEM {_f(summary['rise_all_sem'], '.1f')}), "
           f"min {_f(summary['rise_all_min'])}; stage 1 mean {_f(summary['rise_stage1_mean'])}, "
           f"min {_f(summary['rise_stage1_min'])}")  # fmt: skip
+    print(f"{mode}: gain per RL iteration, mean over seeds: " + (" ".join(_f(g) for g in summary["gain_per_iteration"]) or "-"))
     print(f"{mode}: targets " + ("all hold" if not missed else "MISSED:\n  " + "\n  ".join(missed)))
     note = load_note(runs)
     if note:
