@@ -170,10 +170,10 @@ class _Def:
     sites: tuple[_Site, ...] = ()  # literals of its last top-level equality assertion (none: cannot break)
     plain: bool = True  # runs once as written (not parametrised, skipped, xfail): a copy passes as it does
     columns: tuple[_Column, ...] = ()  # parametrise columns a copy can break in every row (where no site)
-    table_args: tuple[
-        str, ...
-    ] = ()  # parametrised over module tables alone (_table_parametrize): its arguments
-    table_names: tuple[_Site, ...] = ()  # ... and where its decorator names each table (value: the name)
+    # parametrised over module tables alone (_table_parametrize): its arguments, and where its decorator names
+    # each table (value: the name)
+    table_args: tuple[str, ...] = ()
+    table_names: tuple[_Site, ...] = ()
     loads: frozenset[str] = frozenset()  # the names its body reads
 
     @property
