@@ -271,6 +271,10 @@ class StageConfig:
     warm_start_lr: float = 0.0
     """Constant learning rate of the warm-start epochs (0: optim.lr). RFT proper then starts a fresh optimiser
     with optim (its warmup and schedule) from the warm-started weights."""
+    warm_start_anneal_epochs: int = 0
+    """Epochs after the loss target is reached (or warm_start_epochs ran out) with the lr falling from
+    warm_start_lr to 0 along a cosine. At a constant lr the weights end wherever the last step left them; the
+    anneal settles them, so the policy reproduces the demonstrations' commands more exactly (0: none)."""
     warm_start_decoys: int = 0
     """Scripted give-up demonstrations per task mixed into the warm start (open the file the fix is in, then
     submit without a fix; graded 0). The warm-started policy then fixes a task in about 1 of (1 + decoys)

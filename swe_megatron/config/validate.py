@@ -46,6 +46,7 @@ RFT_ONLY = (
     "warm_start_epochs",
     "warm_start_lr",
     "warm_start_loss_target",
+    "warm_start_anneal_epochs",
     "warm_start_decoys",
     "max_kept_per_task",
     "epochs",
@@ -116,6 +117,8 @@ def _stage_problems(name: str, st: Any, model: Any) -> list[str]:
         out.append(f"{name}.warm_start_epochs={st.warm_start_epochs} is invalid; allowed: >= 0 (the most epochs)")
     if st.warm_start_loss_target < 0:
         out.append(f"{name}.warm_start_loss_target={st.warm_start_loss_target} is invalid; allowed: >= 0 (0: no target)")
+    if st.warm_start_anneal_epochs < 0:
+        out.append(f"{name}.warm_start_anneal_epochs={st.warm_start_anneal_epochs} is invalid; allowed: >= 0 (0: none)")
     if st.warm_start_decoys < 0:
         out.append(f"{name}.warm_start_decoys={st.warm_start_decoys} is invalid; allowed: >= 0")
     o = st.optim

@@ -230,10 +230,11 @@ def warm_start_sft(trainer: Trainer, stage, samples: list[TrainSample], seed: in
                    say: Callable[[str], None] | None = None) -> tuple[list[dict], list[float]]:  # fmt: skip
     """The warm start's SFT: epochs over the scripted demonstrations until an epoch's mean loss per action token is
     at most `stage.warm_start_loss_target`, at most `stage.warm_start_epochs` of them (a fixed count converged for
-    some seeds and not for others: issue 38). Epoch e is seeded seed + e. Every rank takes the same decision: the
-    loss is reduced over the ranks. `say`: progress lines (rank 0). Returns (metrics per step, loss per epoch)."""
+    some seeds and not for others: issue 38), then `stage.warm_start_anneal_epochs` more with the lr falling to 0
+    along a cosine. Epoch e is seeded seed + e. Every rank takes the same decision: the loss is reduced over the
+    ranks. `say`: progress lines (rank 0). Returns (metrics per step, loss per epoch, the anneal's included)."""
+    lr = stage.warm_start_lr or stage.optim.lr
     if stage.warm_start_lr > 0:  # its own constant lr (RFT proper then starts a fresh optimiser and schedule)
-        lr = stage.warm_start_lr
         trainer.set_schedule(LrScheduler(lr, lr, 0, LrSchedule.constant, trainer.schedule.total_steps))
     target, most = stage.warm_start_loss_target, stage.warm_start_epochs
     steps, losses, shown = [], [], time.monotonic()
@@ -250,6 +251,17 @@ def warm_start_sft(trainer: Trainer, stage, samples: list[TrainSample], seed: in
     if say and target > 0 and losses and losses[-1] > target:
         say(f"WARNING: the loss {losses[-1]:.4f} is above rft.warm_start_loss_target={target:g} after {most} epochs: "
             "the warm-started policy may not act well; raise rft.warm_start_epochs")  # fmt: skip
+    anneal, first = stage.warm_start_anneal_epochs, len(losses)
+    if anneal and losses:
+        # One more step than the anneal takes, so its last step still moves (the cosine reaches 0 at total - 1).
+        per_epoch = len(steps) // first
+        trainer.set_schedule(LrScheduler(lr, 0.0, 0, LrSchedule.cosine, anneal * per_epoch + 1, trainer.steps_done))
+        for e in range(first, first + anneal):
+            done = sft_epoch(trainer, stage, samples, seed + e)
+            steps += done
+            losses.append(epoch_loss(done))
+        if say:
+            say(f"anneal: {anneal} epochs to lr 0, loss {losses[first - 1]:.4f} -> {losses[-1]:.4f}")
     return steps, losses
 
 
@@ -364,7 +376,8 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
     if stage.warm_start != "scripted" or ctx.run.is_done(unit):
         return
     b = ctx.world.lead(_scripted_rollouts, ctx, stage, unit, share=Batch.shared)
-    trainer = trainer_for(ctx, stage_name, max(b.num_steps * stage.warm_start_epochs, 1))
+    epochs_most = stage.warm_start_epochs + stage.warm_start_anneal_epochs
+    trainer = trainer_for(ctx, stage_name, max(b.num_steps * epochs_most, 1))
     t = time.perf_counter()
     say = (lambda line: print(f"{unit}: {line}", flush=True)) if ctx.world.driver else None
     steps, epoch_losses = warm_start_sft(trainer, stage, b.samples, ctx.cfg.seed, say)
@@ -378,7 +391,7 @@ def warm_start(ctx: Context, stage_name: str = "rft") -> None:
         rolled = rollout_metrics(b.trajs, stage.t_max, stage.l_thr)
         final = {f"final_{k}": v for k, v in (steps[-1] if steps else {}).items()}
         final["final_epoch_loss"] = epoch_losses[-1] if epoch_losses else float("nan")
-        final["loss_target_reached"] = float(bool(epoch_losses) and epoch_losses[-1] <= stage.warm_start_loss_target)
+        final["loss_target_reached"] = float(bool(epoch_losses) and min(epoch_losses) <= stage.warm_start_loss_target)
         metrics = {"warm_start": {**b.info, "epochs": float(epochs), **final,
                                   "resolved_rate": rolled["reward"]["resolved_rate"],
                                   "steps_mean": rolled["episode"]["steps_mean"]},

@@ -25,7 +25,10 @@ class LrScheduler:
     schedule: LrSchedule
     """constant or cosine after the warmup."""
     total_steps: int
-    """The stage's step budget: the cosine's length."""
+    """The stage's step budget, from start_step: the cosine's length."""
+    start_step: int = 0
+    """The trainer's step count when the schedule starts: lr_at counts warmup and cosine from there (a schedule
+    set in the middle of a stage, such as the warm start's anneal)."""
 
     @classmethod
     def from_optim(cls, optim: OptimConfig, total_steps: int) -> LrScheduler:
@@ -37,7 +40,8 @@ class LrScheduler:
         return dataclasses.replace(self, total_steps=max(self.total_steps, total_steps))
 
     def lr_at(self, step: int) -> float:
-        """Learning rate of optimiser step `step` (0-based)."""
+        """Learning rate of optimiser step `step` (0-based, counted by the trainer)."""
+        step -= self.start_step
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         if self.schedule == LrSchedule.constant:

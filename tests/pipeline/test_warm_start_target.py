@@ -6,25 +6,32 @@ from __future__ import annotations
 
 import pytest
 
-from swe_megatron.config.schema import StageConfig
+from swe_megatron.config.schema import LrSchedule, StageConfig
 from swe_megatron.pipeline.stages import epoch_loss, warm_start_sft
+from swe_megatron.train.optim import LrScheduler
 
 
 class ScriptedLosses:
-    """Trainer stand-in: update() returns the next epoch's loss for every step (action tokens = samples)."""
+    """Trainer stand-in: update() returns the next epoch's loss for every step (action tokens = samples) and the lr
+    of the schedule it follows at its step count, as the real one does."""
 
     def __init__(self, per_epoch: list[float], steps_per_epoch: int):
-        self.per_epoch, self.steps, self.calls = list(per_epoch), steps_per_epoch, 0
+        self.per_epoch, self.steps, self.steps_done = list(per_epoch), steps_per_epoch, 0
+        self.schedule = LrScheduler(1.0, 1.0, 0, LrSchedule.constant, 1)
+
+    def set_schedule(self, schedule):
+        self.schedule = schedule
 
     def update(self, samples, num_steps, loss):
-        epoch = self.calls // self.steps
-        self.calls += 1
-        return [{"loss": self.per_epoch[epoch], "action_tokens": float(len(samples))}]
+        epoch = self.steps_done // self.steps
+        lr = self.schedule.lr_at(self.steps_done)
+        self.steps_done += 1
+        return [{"loss": self.per_epoch[epoch], "action_tokens": float(len(samples)), "lr": lr}]
 
 
-def _stage(target: float, most: int) -> StageConfig:
+def _stage(target: float, most: int, anneal: int = 0) -> StageConfig:
     return StageConfig(batch_size=2, min_optimizer_steps=1, max_optimizer_steps=0, warm_start_epochs=most,
-                       warm_start_loss_target=target)  # fmt: skip
+                       warm_start_loss_target=target, warm_start_lr=0.5, warm_start_anneal_epochs=anneal)  # fmt: skip
 
 
 def test_stops_at_the_first_epoch_at_or_under_the_target():
@@ -33,6 +40,22 @@ def test_stops_at_the_first_epoch_at_or_under_the_target():
     steps, losses = warm_start_sft(trainer, _stage(0.125, 6), list(range(6)), seed=0, say=said.append)
     assert losses == [3.0, 0.5, 0.25, 0.125] and len(steps) == 4 * 3
     assert said[-1] == "epoch 4/6, loss 0.1250 (target 0.125)"
+
+
+def test_the_anneal_runs_after_the_target_with_the_lr_falling_from_the_warm_start_lr_to_near_0():
+    trainer, said = ScriptedLosses([3.0, 0.5, 0.25, 0.125, 0.0625, 0.03125, 9.0], steps_per_epoch=3), []
+    steps, losses = warm_start_sft(trainer, _stage(0.5, 6, anneal=2), list(range(6)), seed=0, say=said.append)
+    assert losses == [3.0, 0.5, 0.25, 0.125] and len(steps) == 4 * 3
+    lrs = [s["lr"] for s in steps]
+    assert lrs[:6] == [0.5] * 6  # the target's epochs at the warm start's constant lr
+    assert lrs[6] == 0.5 and all(a > b for a, b in zip(lrs[6:], lrs[7:])) and 0 < lrs[-1] < 0.05, lrs
+    assert said[-1] == "anneal: 2 epochs to lr 0, loss 0.5000 -> 0.1250"
+
+
+def test_no_anneal_leaves_the_lr_constant():
+    trainer = ScriptedLosses([3.0, 0.5, 0.25], steps_per_epoch=3)
+    steps, losses = warm_start_sft(trainer, _stage(0.5, 6), list(range(6)), seed=0)
+    assert losses == [3.0, 0.5] and {s["lr"] for s in steps} == {0.5}
 
 
 def test_runs_at_most_warm_start_epochs_and_warns_when_the_target_is_missed():

@@ -22,6 +22,13 @@ def test_lr_schedule_warmup_then_constant_or_cosine():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == 0.0
 
 
+def test_a_schedule_set_mid_stage_counts_from_its_start_step():
+    late = LrScheduler(1.0, 0.0, 2, LrSchedule.cosine, 6, start_step=100)
+    early = LrScheduler(1.0, 0.0, 2, LrSchedule.cosine, 6)
+    assert [late.lr_at(100 + k) for k in range(6)] == [early.lr_at(k) for k in range(6)]
+    assert late.lr_at(100) == 0.5 and late.lr_at(105) == 0.0
+
+
 def test_a_budget_only_grows():
     cos = LrScheduler(1.0, 0.0, 0, LrSchedule.cosine, 10)
     assert cos.at_least(4).total_steps == 10 and cos.at_least(20).total_steps == 20
