@@ -17,18 +17,25 @@ from collections.abc import Mapping
 from swe_megatron.errors import UsageError
 
 
+ANY_ADDRESS = ""
+"""Ports are probed on every address of the host (0.0.0.0), as the servers and torch's rendezvous store listen:
+a port free on 127.0.0.1 alone may be held on the host's network address (by NCCL's or gloo's connections), and
+a listener on every address then fails with EADDRINUSE."""
+
+
 def free_port() -> int:
-    """A TCP port free on localhost right now (the OS picks it)."""
+    """A TCP port free on every address of this host right now (the OS picks it)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((ANY_ADDRESS, 0))
         return s.getsockname()[1]
 
 
 def port_or_free(port: int) -> int:
-    """port if it is free on localhost right now, else any free port (another run may hold the usual one)."""
+    """port if it is free on every address of this host right now, else any free port (another run may hold the
+    usual one)."""
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((ANY_ADDRESS, port))
             return port
         except OSError:
             return free_port()

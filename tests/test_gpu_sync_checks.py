@@ -88,6 +88,10 @@ def test_run_check_reads_the_result_line_and_reports_a_hang_or_a_crash():
     assert ok == {"a": 1.5}
     hung = gsc.run_check([py, "-c", "import time; time.sleep(30)"], dict(os.environ), 0.5)
     assert hung == {"error": "hung: no result after 0.5 s"}
+    # a hang names the last step the child began (what hung on the H200: nothing said which)
+    stuck = f"print('{gsc.STEP}1. join', flush=True); print('{gsc.STEP}2. abort', flush=True); import time; time.sleep(30)"
+    hung = gsc.run_check([py, "-c", stuck], dict(os.environ), 2)
+    assert hung == {"error": "hung: no result after 2 s (in: 2. abort)"}
     crashed = gsc.run_check([py, "-c", "raise SystemExit('no NCCL here')"], dict(os.environ), 30)
     assert crashed == {"error": "exit 1: no NCCL here"}
 

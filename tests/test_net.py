@@ -38,6 +38,33 @@ def test_ports():
     assert port_or_free(port) == port
 
 
+def _a_non_loopback_address() -> str | None:
+    """An IPv4 address of this host outside 127/8, or None (a host with loopback only)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
+
+
+def test_a_port_held_on_another_address_of_this_host_is_not_free():
+    """The servers and torch's rendezvous store listen on every address (0.0.0.0): a port that only 127.0.0.1 has
+    free (another socket holds it on the host's network address, as NCCL's and gloo's connections do) fails them
+    with EADDRINUSE. The H200 run of tests/train/test_gpu.py failed so (port 55175, 'failed to listen on any
+    local network address')."""
+    addr = _a_non_loopback_address()
+    if addr is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    with socket.socket() as held:
+        held.bind((addr, 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        assert port_or_free(taken) != taken
+        assert server_port(taken, 0) != taken
+
+
 def test_server_port_zero_is_a_real_free_port_the_caller_can_poll():
     """engine.port=0 (issue 42 item 2): each server gets a real port, never 0 (a server told port 0 binds one the
     driver cannot know and then polls port 0); a taken first port falls back to a free one too."""

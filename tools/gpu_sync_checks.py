@@ -31,6 +31,7 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +50,8 @@ ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 """The CUDA allocator reads PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF (torch 2.14.0 CUDAAllocatorConfig.h)."""
 RESULT = "RESULT "
 """Prefix of a child's one line of results (JSON)."""
+STEP = "STEP "
+"""Prefix of a child's progress lines: a check that hangs is reported with the last step it began."""
 NEEDS_GPU = "needs a GPU (torch.cuda.is_available() is False)"
 EXPANDABLE = re.compile(r"expandable_segments\s*:\s*true", re.I)
 """ALLOCATOR_CONF's setting, as torch's settings string may spell it."""
@@ -163,6 +166,11 @@ def check_empty_cache(device, bucket_bytes: int = 512 * 2**20) -> dict:
     }
 
 
+def step(label: str) -> None:
+    """In a child: say that `label` begins (flushed at once, so a hang's report can name it)."""
+    print(f"{STEP}{label}", flush=True)
+
+
 def _join_helpers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.endswith("-join")]
 
@@ -178,6 +186,7 @@ def check_abort(device, deadline_s: float = 5.0, helper_wait_s: float = 30.0) ->
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
     out: dict = {"deadline_s": deadline_s}
     # 1. A 2-member group whose rank 1 never comes (dead after the go, before its first collective).
+    step("1. join of a 2-member group whose rank 1 never comes")
     absent = SyncGroup(store, "absent", 0, 2, device, deadline_s)
     earlier = set(_join_helpers())
     start = time.monotonic()
@@ -187,26 +196,32 @@ def check_abort(device, deadline_s: float = 5.0, helper_wait_s: float = 30.0) ->
     except SyncAborted as e:
         out["absent_join"] = str(e)
     out["absent_join_s"] = time.monotonic() - start
+    step("1. abort of the given-up group")
     start = time.monotonic()
     absent.abort("gpu_sync_checks: rank 1 never came")
     out["absent_abort_ms"] = (time.monotonic() - start) * 1e3
     out["absent_group_made"] = absent.group is not None
     helpers = [t for t in _join_helpers() if t not in earlier]
+    step(f"1. waiting up to {helper_wait_s:g} s for the join's helper thread to end")
     for t in helpers:
         t.join(helper_wait_s)
     out["absent_helper_alive"] = any(t.is_alive() for t in helpers)
     out["absent_helper_ended_s"] = None if out["absent_helper_alive"] else time.monotonic() - start
     # 2. A formed group of one, aborted after a broadcast.
+    step("2. a group of one forms and broadcasts")
     formed = SyncGroup(store, "formed", 0, 1, device, 60.0)
     formed.await_members()
     formed.join()
     formed.broadcast(torch.ones(16 * 2**20, dtype=torch.uint8, device=device))
+    step("2. abort of the formed group")
     start = time.monotonic()
     formed.abort("gpu_sync_checks: aborted after a broadcast")
     out["formed_abort_ms"] = (time.monotonic() - start) * 1e3
     # 3. The process goes on: a computation, and a fresh group that broadcasts and closes.
+    step("3. a computation after the aborts")
     ones = torch.ones(1 << 20, device=device)
     out["after_compute_ok"] = float(ones.sum()) == float(1 << 20)  # exact in fp32
+    step("3. a fresh group forms, broadcasts and closes")
     start = time.monotonic()
     fresh = SyncGroup(store, "fresh", 0, 1, device, 60.0)
     fresh.await_members()
@@ -248,16 +263,29 @@ def run_child(name: str) -> dict:
 
 
 def run_check(argv: list[str], env: dict[str, str], timeout_s: float) -> dict:
-    """Start a child (argv), wait up to timeout_s, and return its RESULT line's JSON, or {"error": why}."""
-    try:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"hung: no result after {timeout_s:g} s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode != 0 or not lines:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+    """Start a child (argv), wait up to timeout_s, and return its RESULT line's JSON, or {"error": why}; a hang's
+    error names the last STEP the child began."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, text=True)
+        try:
+            proc.wait(timeout=timeout_s)
+            hung = False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            hung = True
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    lines = stdout.splitlines()
+    if hung:
+        steps = [line[len(STEP) :] for line in lines if line.startswith(STEP)]
+        return {"error": f"hung: no result after {timeout_s:g} s" + (f" (in: {steps[-1]})" if steps else "")}
+    results = [line for line in lines if line.startswith(RESULT)]
+    if proc.returncode != 0 or not results:
+        tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
         return {"error": f"exit {proc.returncode}: {tail}"}
-    return json.loads(lines[-1][len(RESULT) :])
+    return json.loads(results[-1][len(RESULT) :])
 
 
 def _fmt(value) -> str:
