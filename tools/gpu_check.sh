@@ -12,6 +12,7 @@
 #   tools/gpu_check.sh --fetch [DIR]     # downloads the wheels for CPython 3.12 linux x86_64 into DIR
 #   tools/gpu_check.sh [DIR]             # on the GPU machine: installs from DIR offline, runs the checks
 #   GPU_CHECK_TESTS=0 tools/gpu_check.sh [DIR]   # the sync path's checks only (~1-2 min after the install)
+#   GPU_SYNC_TIMEOUT_S=150 tools/gpu_check.sh [DIR]   # each sync check may take 150 s, not 60
 #
 # DIR defaults to <repo>/.gpu-wheels. The install goes into <repo>/.gpu-venv (a venv that sees the image's
 # torch through --system-site-packages). First the sync path's one-GPU checks (tools/gpu_sync_checks.py: the
@@ -87,7 +88,8 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=2
 # The sync checks first, so their figures come back even if the tests below run out of time.
 sync_s=$((left < 300 ? left : 300))
 sync_rc=0
-timeout --kill-after=5 "$sync_s" "$venv/bin/python" tools/gpu_sync_checks.py --timeout 60 || sync_rc=$?
+timeout --kill-after=5 "$sync_s" "$venv/bin/python" tools/gpu_sync_checks.py --timeout "${GPU_SYNC_TIMEOUT_S:-60}" \
+  || sync_rc=$?
 echo "gpu_check: sync checks exit ${sync_rc} after $((SECONDS - start)) s"
 [[ ${GPU_CHECK_TESTS:-1} == 0 ]] && exit "$sync_rc"
 left=$((budget_s - (SECONDS - start) - 5))
