@@ -16,7 +16,6 @@ from collections.abc import Mapping
 
 from swe_megatron.errors import UsageError
 
-
 ANY_ADDRESS = ""
 """Ports are probed on every address of the host (0.0.0.0), as the servers and torch's rendezvous store listen:
 a port free on 127.0.0.1 alone may be held on the host's network address (by NCCL's or gloo's connections), and

@@ -51,6 +51,7 @@ def test_the_abort_check_over_gloo_gives_up_aborts_and_goes_on():
     assert out["absent_join"] == "weight sync: joining the group took longer than 2 s"
     assert 2.0 <= out["absent_join_s"] < 4.0
     assert out["absent_group_made"] is False  # gloo: still in its constructor when given up
+    assert out["absent_abort_returned"] is None  # so there was no group to abort
     # the helper's rendezvous times out with the join (before issue 41's fix: 2 s after it)
     assert out["absent_helper_alive"] is False and out["absent_helper_ended_s"] < 1.0
     assert out["formed_abort_ms"] >= 0 and out["after_compute_ok"] and out["fresh_sync_ok"]

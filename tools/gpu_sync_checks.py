@@ -200,6 +200,7 @@ def check_abort(device, deadline_s: float = 5.0, helper_wait_s: float = 30.0) ->
     start = time.monotonic()
     absent.abort("gpu_sync_checks: rank 1 never came")
     out["absent_abort_ms"] = (time.monotonic() - start) * 1e3
+    out["absent_abort_returned"] = absent.abort_returned  # False: waited ABORT_WAIT_S and went on without it
     out["absent_group_made"] = absent.group is not None
     helpers = [t for t in _join_helpers() if t not in earlier]
     step(f"1. waiting up to {helper_wait_s:g} s for the join's helper thread to end")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import os
 import sys
 import time
@@ -36,9 +37,9 @@ def demonstrations(path: Path) -> list:
     return sorted(trajs, key=lambda t: (t.task_id, t.sample_index))
 
 
-def replay(cfg, trajs: list, seed: int, say=None) -> tuple[list[dict], list[float]]:
+def replay(cfg, trajs: list, seed: int, say=None) -> tuple[list[dict], list[float], dict[str, float]]:
     """The warm start of `cfg` (its rft stage) at `seed` on the trajectories: a world of one rank, the seed's
-    random init, warm_start_sft. Returns (metrics per optimiser step, loss per epoch)."""
+    random init, warm_start_sft. Returns (metrics per optimiser step, loss per epoch, gold_exactness per task)."""
     from swe_megatron.algo import num_optimizer_steps
     from swe_megatron.pipeline import spmd
     from swe_megatron.pipeline.stages import to_samples, warm_start_sft
@@ -48,12 +49,38 @@ def replay(cfg, trajs: list, seed: int, say=None) -> tuple[list[dict], list[floa
     stage = cfg.rft
     kept, masks, _ = sft_data(trajs, stage.max_kept_per_task)
     samples = to_samples(kept, masks, [0.0] * len(kept))
-    per_epoch = num_optimizer_steps(len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps)
+    per_epoch = num_optimizer_steps(
+        len(kept), stage.batch_size, stage.min_optimizer_steps, stage.max_optimizer_steps
+    )
+    epochs = stage.warm_start_epochs + stage.warm_start_anneal_epochs
     with spmd.start(cfg.parallel, seed):
         # The init unit's weights: a seeded random init (no hf_path); the warm start loads them with a fresh
         # optimiser, as here.
-        trainer = Trainer(cfg.model, cfg.parallel, stage.optim, max(per_epoch * stage.warm_start_epochs, 1))
-        return warm_start_sft(trainer, stage, samples, seed, say)
+        trainer = Trainer(cfg.model, cfg.parallel, stage.optim, max(per_epoch * epochs, 1))
+        steps, losses = warm_start_sft(trainer, stage, samples, seed, say)
+        return steps, losses, gold_exactness(kept, samples, trainer.sample_logprobs(samples))
+
+
+def gold_exactness(kept: list, samples: list, logprobs: list) -> dict[str, float]:
+    """Per task: how exactly the policy writes its scripted solution once it has chosen to fix rather than give up,
+    the probability of every action token of the solution but the one where it parts from the task's give-up
+    (exp of minus their summed NLL; sampling at temperature 1 reproduces the commands this often). kept, samples,
+    logprobs: the warm start's demonstrations, their TrainSamples and action-token logprobs, in one order."""
+    actions = [s.tokens[s.action_mask] for s in samples]
+    give_ups = {t.task_id: a for t, a in zip(kept, actions) if not t.resolved}
+    out = {}
+    for t, a, lp in zip(kept, actions, logprobs):
+        if not t.resolved:
+            continue
+        other = give_ups.get(t.task_id)  # none: every token counts
+        parts = (
+            None
+            if other is None
+            else next((i for i in range(len(a)) if i >= len(other) or a[i] != other[i]), None)
+        )
+        nll = -lp.double()
+        out[t.task_id] = math.exp(-(float(nll.sum()) - (float(nll[parts]) if parts is not None else 0.0)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
           f"loss target {cfg.rft.warm_start_loss_target}, lr {cfg.rft.warm_start_lr}", flush=True)  # fmt: skip
     for seed in args.seeds:
         t0 = time.monotonic()
-        steps, losses = replay(cfg, trajs, seed, lambda line, s=seed: print(f"seed {s}: {line}", flush=True))
+        steps, losses, exact = replay(
+            cfg, trajs, seed, lambda line, s=seed: print(f"seed {s}: {line}", flush=True)
+        )
         curve = " ".join(f"{x:.3f}" for x in losses)
+        per_task = " ".join(f"{k.split('__')[-1]} {v:.2f}" for k, v in sorted(exact.items()))
+        print(f"seed {seed}: gold exactness mean {sum(exact.values()) / len(exact):.3f}, min {min(exact.values()):.3f} "
+              f"({per_task})", flush=True)  # fmt: skip
         print(f"seed {seed}: {len(losses)} epochs, last epoch {losses[-1]:.4f}, last step {steps[-1]['loss']:.4f} "
               f"({time.monotonic() - t0:.0f} s); per epoch: {curve}", flush=True)  # fmt: skip
     return 0

@@ -40,11 +40,31 @@ WORKER_EXTENSION = "swe_megatron.engine.weight_receiver.WeightReceiver"
 """Value of vLLM's `--worker-extension-cls` for servers that receive weights by broadcast."""
 POLL_S = 0.005
 """How often a member waiting for an operation checks the store's abort key and its deadline."""
+ABORT_WAIT_S = 10.0
+"""How long a member waits for its group's abort() to return. On one H200 (torch 2.11, NCCL 2.28.9) the abort of a
+group whose communicator was still forming (its peer never came) had not returned after 150 s
+(tools/gpu_sync_checks.py nccl_abort, docs/benchmarks.md): the abort runs on a daemon thread, and a member that
+waited this long goes on without it (the group stays referenced in _ABORTED; the thread never holds the exit)."""
 
 
 _ABORTED: list = []
 """Aborted groups, kept for the life of the process: destroying a gloo group whose operation is still pending
 blocks the destroying thread until that operation's timeout (torch 2.13, measured), which would hold the RPC."""
+
+
+def abort_within(group, wait_s: float) -> bool:
+    """group.abort() on a daemon thread, waited for up to wait_s; whether it returned (its error, if it raised, is
+    not this member's business: the sync has failed either way). The group is kept in _ABORTED whatever happens."""
+    _ABORTED.append(group)
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            group.abort()
+
+    thread = threading.Thread(target=run, name="sync-abort", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    return not thread.is_alive()
 
 
 class SyncAborted(RuntimeError):
@@ -91,6 +111,8 @@ class SyncGroup:
         self.store, self.prefix, self.rank, self.world, self.device = store, prefix, rank, world, device
         self.timeout_s, self.check = timeout_s, check
         self.group = None
+        self.abort_returned: bool | None = None
+        """After abort(): whether the group's own abort returned within ABORT_WAIT_S (None: not aborted)."""
         self._abort_key = f"{prefix}/abort"
 
     def announce(self) -> None:
@@ -124,8 +146,7 @@ class SyncGroup:
                 group._set_default_timeout(timedelta(seconds=2 * self.timeout_s))
                 formed["group"] = group
                 if cancelled.is_set():  # given up while the group formed: nobody else will abort it
-                    group.abort()
-                    _ABORTED.append(group)
+                    abort_within(group, ABORT_WAIT_S)
                     return
                 opts = dist.BroadcastOptions()
                 opts.rootRank = 0
@@ -194,8 +215,7 @@ class SyncGroup:
         with contextlib.suppress(Exception):
             self.store.compare_set(self._abort_key, "", f"rank {self.rank}: {why}")
         if self.group is not None:
-            self.group.abort()
-            _ABORTED.append(self.group)
+            self.abort_returned = abort_within(self.group, ABORT_WAIT_S)
 
     def close(self) -> None:
         """Leave after a sync that succeeded (nothing is pending)."""

@@ -195,6 +195,18 @@ class Trainer:
         self._run(microbatches, keep, forward_only=True)
         self.model.train()
 
+    def sample_logprobs(self, samples: list[TrainSample]) -> list[torch.Tensor]:
+        """Each sample's action-token logprobs under the current weights ([A_i] float on CPU), one forward pass per
+        sample. A world of one rank only (tools and tests: no data or pipeline split to gather)."""
+        if dist.get_world_size() != 1:
+            raise RuntimeError("Trainer.sample_logprobs: a world of one rank only")
+        out = []
+        for i in range(len(samples)):
+            mbs = self._my_microbatches(samples, [i])
+            self.logprobs(mbs)
+            out.append(torch.cat([mb.old_logprobs.cpu() for mb in mbs]))
+        return out
+
     def train_step(
         self,
         microbatches: list[MicroBatch],

@@ -93,3 +93,34 @@ def test_a_formed_group_s_operations_keep_twice_the_deadline():
     assert [g.group.options._timeout for g in members] == [timedelta(seconds=3)] * 2
     for g in members:
         g.close()
+
+
+def test_an_abort_that_never_returns_holds_its_member_only_for_abort_wait_s(monkeypatch):
+    """On one H200 (torch 2.11, NCCL 2.28.9) the abort of a group whose NCCL communicator was still forming had not
+    returned after 150 s (tools/gpu_sync_checks.py nccl_abort): the trainer would hang in its failure path. The
+    member now waits ABORT_WAIT_S for it, says whether it returned, and goes on; the group stays referenced."""
+    from swe_megatron.engine import weight_receiver as wr
+
+    release = threading.Event()
+
+    class StuckGroup:  # stands in for a ProcessGroupNCCL whose abort waits on a communicator that never forms
+        def abort(self):
+            release.wait()
+
+    monkeypatch.setattr(wr, "ABORT_WAIT_S", 0.5)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+    g = SyncGroup(store, "stuck", 0, 2, CPU, 5.0)
+    g.group = StuckGroup()
+    start = time.monotonic()
+    g.abort("the peer never came")
+    took = time.monotonic() - start
+    assert 0.5 <= took < 2.0, took
+    assert g.abort_returned is False and g.group in wr._ABORTED
+    assert g.aborted() == "rank 0: the peer never came"  # the other members were still told
+    stuck = [t for t in threading.enumerate() if t.name == "sync-abort" and t.is_alive()]
+    assert stuck and all(t.daemon for t in stuck)  # never holds the process's exit
+    release.set()
+    h = SyncGroup(store, "fine", 0, 2, CPU, 5.0)
+    h.group = type("Quick", (), {"abort": lambda self: None})()
+    h.abort("x")
+    assert h.abort_returned is True

@@ -43,8 +43,12 @@ def test_the_embedded_warm_start_reaches_its_loss_target(embedded, seed):
     trajs = warm_start_replay.demonstrations(DEMOS)
     assert len(trajs) == 12 and sum(t.resolved for t in trajs) == 6  # 6 solutions + 6 give-ups, as the run played
     rft = embedded.rft
-    steps, losses = warm_start_replay.replay(embedded, trajs, seed)
+    steps, losses, exact = warm_start_replay.replay(embedded, trajs, seed)
     assert losses[-1] <= rft.warm_start_loss_target, (seed, len(losses), losses[-5:])
-    assert len(losses) <= rft.warm_start_epochs
+    assert len(losses) <= rft.warm_start_epochs + rft.warm_start_anneal_epochs
+    # The anneal's purpose: once it chooses to fix, the policy writes the scripted commands exactly most of the
+    # time (without it, at a constant lr: mean 0.74 and 0.73, min 0.43 and 0.57 for seeds 0 and 2; the garbled
+    # `replace` texts capped RL's resolved rate near 62%, docs/learning.md).
+    assert len(exact) == 6 and sum(exact.values()) / 6 >= 0.78 and min(exact.values()) >= 0.65, (seed, exact)
     # The loss a user sees is the converged one: the last step is near the epoch's mean, not a spike.
     assert steps[-1]["loss"] < 3 * rft.warm_start_loss_target, steps[-1]

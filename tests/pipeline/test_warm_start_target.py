@@ -62,7 +62,9 @@ def test_runs_at_most_warm_start_epochs_and_warns_when_the_target_is_missed():
     trainer, said = ScriptedLosses([3.0, 0.5, 0.25], steps_per_epoch=3), []
     _, losses = warm_start_sft(trainer, _stage(0.05, 3), list(range(6)), seed=0, say=said.append)
     assert losses == [3.0, 0.5, 0.25]
-    assert said[-1].startswith("WARNING: the loss 0.2500 is above rft.warm_start_loss_target=0.05 after 3 epochs")
+    assert said[-1].startswith(
+        "WARNING: the loss 0.2500 is above rft.warm_start_loss_target=0.05 after 3 epochs"
+    )
 
 
 def test_no_target_runs_every_epoch_quietly_but_the_last_line():
@@ -77,3 +79,36 @@ def test_epoch_loss_weighs_steps_by_their_action_tokens():
     assert epoch_loss([]) != epoch_loss([])  # nan: no tokens, no loss
     with pytest.raises(KeyError):
         epoch_loss([{"loss": 1.0}])
+
+
+def test_gold_exactness_leaves_out_only_the_token_where_a_solution_parts_from_its_give_up():
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from warm_start_replay import gold_exactness
+
+    from swe_megatron.train.packing import TrainSample
+
+    def sample(tokens):  # token 0 is the prompt; every later token acts
+        mask = torch.ones(len(tokens), dtype=torch.bool)
+        mask[0] = False
+        return TrainSample(torch.tensor(tokens), mask)
+
+    kept = [SimpleNamespace(task_id="a", resolved=True), SimpleNamespace(task_id="a", resolved=False),
+            SimpleNamespace(task_id="b", resolved=True)]  # fmt: skip
+    samples = [sample([9, 1, 2, 3, 4]), sample([9, 1, 5]), sample([9, 7, 8])]
+    logprobs = [
+        torch.log(torch.tensor([0.9, 0.5, 0.8, 0.7])),
+        torch.zeros(2),
+        torch.log(torch.tensor([0.6, 0.5])),
+    ]
+    exact = gold_exactness(kept, samples, logprobs)
+    assert set(exact) == {"a", "b"}  # solutions only
+    assert exact["a"] == pytest.approx(
+        0.9 * 0.8 * 0.7
+    )  # token 2 (the decision: 2 vs the give-up's 5) left out
+    assert exact["b"] == pytest.approx(0.6 * 0.5)  # no give-up to part from: every token counts
