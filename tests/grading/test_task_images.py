@@ -262,7 +262,8 @@ def test_a_short_run_on_image_rows(images, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "swe_megatron.cli", "run", "embedded", f"run_dir={run_dir}",
            f"tasks.train_file={tasks['swebench'][1]}", f"tasks.test_file={tasks['swe-rebench'][1]}",
-           "schedule=[rft,eval]", "rft.warm_start_epochs=1", "rft.iterations=1", "rft.tasks_per_iteration=1",
+           "schedule=[rft,eval]", "rft.warm_start_epochs=1", "rft.warm_start_anneal_epochs=1", "rft.iterations=1",
+           "rft.tasks_per_iteration=1",
            "rft.samples_per_task=1", "rft.t_max=3", "rft.l_thr=2", "eval.runs=1", "eval.k=[1]", "eval.t_max=3",
            "sampling.max_tokens_per_turn=96", "engine.port=0", "monitor.progress=false",
            "sandbox.backend=apptainer", f"sandbox.sif_dir={cfg.sif_dir}",

@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = [
-    "rft.warm_start_epochs=2", "rft.warm_start_decoys=1", "rft.tasks_per_iteration=2", "rft.samples_per_task=1",
+    "rft.warm_start_epochs=2", "rft.warm_start_anneal_epochs=1", "rft.warm_start_decoys=1",
+    "rft.tasks_per_iteration=2", "rft.samples_per_task=1",
     "stage1.iterations=2", "stage1.tasks_per_iteration=2", "stage1.samples_per_task=2",
     "stage2.iterations=1", "stage2.tasks_per_iteration=2", "stage2.samples_per_task=2", "stage2.refresh_pool=false",
     "eval.runs=2", "eval.k=[1,2]", "eval.max_tasks=1", "sampling.max_tokens_per_turn=64",
