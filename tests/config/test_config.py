@@ -282,6 +282,7 @@ def test_sandbox_limits_accept_positive_values_and_an_absolute_workspace():
         "stage1.warm_start=scripted",
         "stage2.warm_start_epochs=3",
         "stage1.warm_start_lr=0.01",
+        "stage2.warm_start_anneal_epochs=5",
         "stage2.warm_start_decoys=1",
         "stage1.max_kept_per_task=3",
         "stage2.epochs=3",  # DAPO takes one pass over its batch (pipeline/stages.py); epochs is RFT's

@@ -94,6 +94,8 @@ def test_the_preset_is_valid(base):
         (["rft.warm_start_lr=-1"], ["rft.warm_start_lr=-1.0 is invalid; allowed: >= 0 (0 uses optim.lr)"]),
         (["rft.warm_start_decoys=-1"], ["rft.warm_start_decoys=-1 is invalid; allowed: >= 0"]),
         (["rft.warm_start_epochs=-1"], ["rft.warm_start_epochs=-1 is invalid; allowed: >= 0 (the most epochs)"]),
+        (["rft.warm_start_anneal_epochs=-1"],
+         ["rft.warm_start_anneal_epochs=-1 is invalid; allowed: >= 0 (0: none)"]),
         (["rft.warm_start_loss_target=-0.1"],
          ["rft.warm_start_loss_target=-0.1 is invalid; allowed: >= 0 (0: no target)"]),
         (
