@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", type=Path, help="a run folder whose rft:warm_start unit is committed")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--demos", type=Path, help="the demonstrations (default RUN_DIR/units/rft-warm_start/...)")
-    args, overrides = p.parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # key=value overrides may come anywhere, after --seeds too (whose nargs would otherwise swallow them)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = p.parse_args([a for a in argv if a not in overrides])
     from swe_megatron.config.load import load_config
 
     cfg = load_config(str(args.run_dir / "config.yaml"), overrides)
