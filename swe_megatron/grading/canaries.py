@@ -132,6 +132,7 @@ class _Site:
     avoid: str = ""  # a text the swapped-in constant may not contain
     singleton: bool = False  # the right side of `is`: swapped for another of True, False, None
     loose: bool = False  # a singleton compared by `is` through a name: any other constant fails it too
+    bounds: tuple[int, int] | None = None  # an int field of a date or time: its swap stays in this range
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,7 @@ def plant(
                     if type(v) is type(site.value)
                     and v != site.value
                     and not (site.avoid and site.avoid in v)
+                    and (site.bounds is None or site.bounds[0] <= v <= site.bounds[1])
                 ]
                 for vs in (pool, constants)
             ]
@@ -282,7 +284,11 @@ def plant(
         if unused:
             other = rng.choice(unused)
         else:  # a value of its own near the old one; else the most used again, so one copy stays unlike the rest
-            tries = [] if site.singleton else [_other(site.value, [], rng, site.avoid) for _ in range(64)]
+            tries = (
+                []
+                if site.singleton
+                else [_other(site.value, [], rng, site.avoid, site.bounds) for _ in range(64)]
+            )
             new = [v for v in tries if (type(v), v) not in seen]
             other = new[0] if new else max(seen, key=seen.__getitem__)[1]
         seen[(type(other), other)] += 1
@@ -608,6 +614,7 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
     """(class or None, name) -> the test function defined there (module level or one class deep)."""
     out = {}
     helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    made = _date_types(tree)
     tables = _module_tables(tree)
     scopes = [(None, tree.body)] + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
     for cls, body in scopes:
@@ -624,7 +631,7 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
                 args = node.args.args[0].arg if cls and node.args.args else ""
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             plain = not any(re.search("parametri|xfail|skip", ast.unparse(d)) for d in node.decorator_list)
-            sites = _sites(node, helpers)
+            sites = _sites(node, helpers, made)
             columns = () if sites else _columns(node, tables)
             loads = frozenset(n.id for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.Name))
             out[(cls, node.name)] = _Def(
@@ -634,48 +641,63 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
     return out
 
 
-def _sites(fn: ast.FunctionDef, helpers: dict[str, ast.FunctionDef] | None = None) -> tuple[_Site, ...]:
+def _sites(
+    fn: ast.FunctionDef, helpers: dict[str, ast.FunctionDef] | None = None, made: dict[str, str] | None = None
+) -> tuple[_Site, ...]:
     """The literals of `fn`'s last equality assertion at the top of its body (a `try` with only `finally`
     entered) whose other side is not a literal (`assert x == L`, `L == x`, `self.assertEqual(x, L)`,
-    `assert_equal(L, x)`), or is a name given once before it at the top of the body and used nowhere else (`expected = [...]`, `expected =
-    "\\n".join([...])`: then the literals of that value); where it has none, the literal arguments of its
+    `assert_equal(L, x)`), or is a name given values and compared only, at the top of the body
+    (_given_and_compared: `expected = [...]`, `expected = "\\n".join([...])`; then the literals of the value
+    it was given last before that assertion), or is a date, time or datetime built there (`made`, _date_types:
+    its int fields, _date_fields); where it has none, the literal arguments of its
     last call at the top of its body to a function of the module (`helpers`) that first reads that parameter
     in an equality assertion (_argument_sites); none where the body can end before it (a `return`, `yield`)
     or a decorator may keep it from running as written."""
     if _can_end_early(fn) or any(_NOT_RUN_AS_WRITTEN.search(ast.unparse(d)) for d in fn.decorator_list):
         return ()
-    uses = Counter(n.id for n in ast.walk(fn) if isinstance(n, ast.Name))
-    given: dict[str, ast.expr] = {}  # names given once at the top of the body, used only where compared
+    only_given = _given_and_compared(fn)
+    bound = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    bound |= {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    bound |= {
+        (a.asname or a.name).split(".")[0]
+        for n in ast.walk(fn)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    }
+    made = {call: kind for call, kind in (made or {}).items() if call.split(".")[0] not in bound}
+    given: dict[str, ast.expr] = {}  # each such name's last value given at the top of the body so far
     found: tuple[_Site, ...] = ()
     for stmt in _in_order(fn.body):
         sides: tuple[ast.expr, ...] = ()
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            given[stmt.targets[0].id] = stmt.value
-        elif isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1:
-            sides = (stmt.test.left, stmt.test.comparators[0])
-            if isinstance(stmt.test.ops[0], ast.Is):  # `x is None`, `x is False`: another of the singletons
+            name, value = stmt.targets[0].id, stmt.value
+            if _self_join(stmt) and isinstance(given.get(name), (ast.List, ast.Tuple)):
+                # the join of the list given before: _leaves reads it as `SEP.join([...])` written in one place
+                value = ast.Call(func=stmt.value.func, args=[given[name]], keywords=[])
+            given[name] = value
+        elif sides := _compared_sides(stmt):
+            op = stmt.test.ops[0] if isinstance(stmt, ast.Assert) else ast.Eq()
+            if isinstance(op, ast.Is):  # `x is None`, `x is False`: another of the singletons
                 single = [s for s in sides if isinstance(s, ast.Constant) and s.value in _SINGLETONS]
                 if len(single) == 1 and not _is_literal(sides[0] if single[0] is sides[1] else sides[1]):
                     c = single[0]
                     found = (_Site(c.lineno, c.col_offset, c.end_col_offset, c.value, singleton=True),)
                 continue
-            if not isinstance(stmt.test.ops[0], ast.Eq):
+            if not isinstance(op, ast.Eq):
                 continue
-        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-            func = stmt.value.func
-            called = (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")).lower()
-            if "equal" in called and not re.search("not|almost|approx", called) and len(stmt.value.args) >= 2:
-                sides = tuple(stmt.value.args[:2])
         literal = [s for s in sides if _is_literal(s)]
         named = [
             _leaves(given[s.id])
             for s in sides
-            if isinstance(s, ast.Name) and s.id in given and uses[s.id] == 2
+            if isinstance(s, ast.Name) and s.id in given and s.id in only_given
         ]
+        dates = [_date_fields(side, made) for side in sides]
         if len(literal) == 1 and len(sides) == 2:
             found = _leaves(literal[0]) or found
         elif not literal and sum(map(bool, named)) == 1:
             found = next(leaves for leaves in named if leaves)
+        elif not literal and not any(named) and sum(map(bool, dates)) == 1:
+            found = next(fields for fields in dates if fields)
     for stmt in reversed(fn.body if not found else ()):
         call = stmt.value if isinstance(stmt, ast.Expr) else None
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in (helpers or {}):
@@ -683,6 +705,142 @@ def _sites(fn: ast.FunctionDef, helpers: dict[str, ast.FunctionDef] | None = Non
             if found:
                 break
     return found
+
+
+_DATE = ((1, 9999), (1, 12), (1, 28))  # year, month, day: a day up to 28 is valid in every month
+_TIME = ((0, 23), (0, 59), (0, 59), (0, 999_999))  # hour, minute, second, microsecond
+_FIELDS = {"date": _DATE, "time": _TIME, "datetime": _DATE + _TIME}
+
+
+def _date_types(tree: ast.Module) -> dict[str, str]:
+    """How the module calls datetime's date, time, datetime and timezone classes -> which: `date` after `from
+    datetime import date`, `datetime.date` after `import datetime` (aliases as written); only names the module
+    binds once (no other import, assignment or definition of them)."""
+    binds: Counter = Counter()
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                name = a.asname or a.name.split(".")[0]
+                binds[name] += 1
+                if isinstance(node, ast.Import) and a.name == "datetime":
+                    found.update({f"{name}.{kind}": kind for kind in (*_FIELDS, "timezone")})
+                elif (
+                    isinstance(node, ast.ImportFrom)
+                    and node.module == "datetime"
+                    and not node.level
+                    and a.name in (*_FIELDS, "timezone")
+                ):
+                    found[name] = a.name
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            binds[node.name] += 1
+        else:
+            binds.update(
+                n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+            )
+    return {call: kind for call, kind in found.items() if binds[call.split(".")[0]] == 1}
+
+
+def _date_fields(value: ast.expr, made: dict[str, str]) -> tuple[_Site, ...]:
+    """The int literals of `value` where it builds a date, time or datetime (`made`) from fields given in order,
+    each bounded to its field's range (any value there builds; another value builds another date or time, and
+    another instant where a time zone is given: only a fixed offset, `timezone(...)` or a name ending in utc)."""
+    if not isinstance(value, ast.Call) or value.keywords and len(value.keywords) > 1:
+        return ()
+    kind = made.get(ast.unparse(value.func))
+    if kind not in _FIELDS or any(isinstance(a, ast.Starred) for a in value.args):
+        return ()
+    fields = _FIELDS[kind]
+    zones = value.args[len(fields) :] + [k.value for k in value.keywords if k.arg == "tzinfo"]
+    if len(value.args) > len(fields) + 1 or len(zones) != len(value.args[len(fields) :]) + len(
+        value.keywords
+    ):
+        return ()
+    for zone in zones:
+        text = ast.unparse(zone)
+        fixed = isinstance(zone, ast.Call) and made.get(ast.unparse(zone.func)) == "timezone"
+        if not (fixed or isinstance(zone, (ast.Name, ast.Attribute)) and text.lower().endswith("utc")):
+            return ()
+    return tuple(
+        _Site(a.lineno, a.col_offset, a.end_col_offset, a.value, bounds=bounds)
+        for a, bounds in zip(value.args, fields)
+        if isinstance(a, ast.Constant) and type(a.value) is int and a.lineno == a.end_lineno
+    )
+
+
+def _compared_sides(stmt: ast.stmt) -> tuple[ast.expr, ...]:
+    """The sides of `stmt` where it is a comparison written as a statement: an `assert` of one comparison (any
+    operator), or a call named like an equality check (`assertEqual`, `assert_equal`) with its first two
+    arguments."""
+    if isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1:
+        return (stmt.test.left, stmt.test.comparators[0])
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        called = (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")).lower()
+        if "equal" in called and not re.search("not|almost|approx", called) and len(stmt.value.args) >= 2:
+            return tuple(stmt.value.args[:2])
+    return ()
+
+
+def _given_and_compared(fn: ast.FunctionDef) -> frozenset[str]:
+    """The names `fn` only gives values to at the top of its body (`expected = ...`, one target) and reads only
+    as a side of a comparison statement there (_compared_sides): nowhere else, not in a nested function, not
+    declared global. The value such a name holds where it is compared is the one given last before that
+    statement, and a copy that changes that value changes no other statement's outcome but the comparisons
+    after it (tabulate's tests give `expected` anew before each of their assertions)."""
+    top = _in_order(fn.body)
+    stores = Counter(
+        s.targets[0].id
+        for s in top
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)
+    )
+    reads = Counter(side.id for s in top for side in _compared_sides(s) if isinstance(side, ast.Name))
+    # and two reads that change no outcome: the name joined into itself (`expected = "\n".join(expected)`,
+    # _self_join), and a top-level `print(...)` of it as an argument or a field of an f-string argument
+    # (tabulate prints what it expected; `print(expected.pop())` is no such read)
+    reads.update(name for s in top if (name := _self_join(s)))
+    printed = [
+        arg
+        for s in top
+        if isinstance(s, ast.Expr)
+        and isinstance(s.value, ast.Call)
+        and isinstance(s.value.func, ast.Name)
+        and s.value.func.id == "print"
+        for arg in s.value.args
+    ]
+    printed += [
+        v.value
+        for a in printed
+        if isinstance(a, ast.JoinedStr)
+        for v in a.values
+        if isinstance(v, ast.FormattedValue)
+    ]
+    reads.update(a.id for a in printed if isinstance(a, ast.Name))
+    uses = Counter(n.id for n in ast.walk(fn) if isinstance(n, ast.Name))
+    declared = {name for n in ast.walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+    return frozenset(
+        name for name in stores if uses[name] == stores[name] + reads[name] and name not in declared
+    )
+
+
+def _self_join(stmt: ast.stmt) -> str | None:
+    """The name of `stmt` where it joins a name's value into that name itself (`expected = SEP.join(expected)`)."""
+    if not (
+        isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+    ):
+        return None
+    value, name = stmt.value, stmt.targets[0].id
+    if (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr == "join"
+        and len(value.args) == 1
+        and not value.keywords
+        and isinstance(value.args[0], ast.Name)
+        and value.args[0].id == name
+    ):
+        return name
+    return None
 
 
 def _in_order(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -970,13 +1128,27 @@ def _named(d: _Def, text: str, name: str) -> str:
     return "".join(out)
 
 
-def _other(value: Any, constants: list[Any], rng: Any, avoid: str = "") -> Any:
-    """A constant of value's type that differs from it (and holds no `avoid`): one the file uses where it can."""
-    same = [c for c in constants if type(c) is type(value) and c != value and not (avoid and avoid in c)]
+def _other(
+    value: Any, constants: list[Any], rng: Any, avoid: str = "", bounds: tuple[int, int] | None = None
+) -> Any:
+    """A constant of value's type that differs from it (and holds no `avoid`; an int within `bounds`): one the
+    file uses where it can."""
+    same = [
+        c
+        for c in constants
+        if type(c) is type(value)
+        and c != value
+        and not (avoid and avoid in c)
+        and (bounds is None or bounds[0] <= c <= bounds[1])
+    ]
     if same:
         return rng.choice(same)
     if isinstance(value, bool):
         return not value
+    if bounds is not None:  # a field of a date or time: a value near the old one, in the field's range
+        lo, hi = bounds
+        near = [v for v in range(max(lo, value - 3), min(hi, value + 3) + 1) if v != value]
+        return rng.choice(near or [lo + 1 if value == lo else lo])
     if isinstance(value, (int, float)):
         return value + rng.choice([-3, -2, -1, 1, 2, 3]) if value >= 3 else value + rng.choice([1, 2, 3])
     empty = value[:0]

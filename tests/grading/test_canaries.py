@@ -4,6 +4,7 @@ exactly what check() expects (the sandboxed grading path is in test_runner_tampe
 from __future__ import annotations
 
 import ast
+import datetime
 import io
 import random
 import re
@@ -54,6 +55,7 @@ class TestOrdered:
 """
 KINDS = """\
 import pytest
+from datetime import date, datetime, timezone
 from unittest import TestCase
 
 
@@ -82,6 +84,28 @@ def test_named():
 def test_joined():
     expected = "\\n".join(["2", "4"])
     assert "\\n".join([str(double(1)), str(double(2))]) == expected
+
+
+def test_given_anew():
+    expected = "2"
+    assert str(double(1)) == expected
+    expected = "4"
+    print(f"expected: {expected!r}")
+    assert str(double(2)) == expected
+
+
+def test_joined_into_itself():
+    expected = ["2", "4"]
+    expected = "\\n".join(expected)
+    assert "\\n".join([str(double(1)), str(double(2))]) == expected
+
+
+def test_date():
+    assert date.fromordinal(double(1)) == date(1, 1, 2)
+
+
+def test_datetime():
+    assert datetime.fromtimestamp(double(30), timezone.utc) == datetime(1970, 1, 1, 0, 1, tzinfo=timezone.utc)
 
 
 def test_is():
@@ -129,6 +153,10 @@ BREAKABLE = [
     "test_container",
     "test_named",
     "test_joined",
+    "test_given_anew",
+    "test_joined_into_itself",
+    "test_date",
+    "test_datetime",
     "test_is",
     "test_last_one_counts",
     "TestCaseStyle.test_equal",
@@ -217,6 +245,12 @@ def test_what_can_be_broken_and_what_cannot():
     sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
     assert sites["test_last_one_counts"] == [4] and sites["test_joined"] == ["2", "4"]
     assert sites["test_is"] == [None] and sites["test_container"] == [2, 4]
+    # the value the name was given last before the assertion; the list joined into the name itself; a date's
+    # and a datetime's fields, each within its range
+    assert sites["test_given_anew"] == ["4"] and sites["test_joined_into_itself"] == ["2", "4"]
+    assert sites["test_date"] == [1, 1, 2] and sites["test_datetime"] == [1970, 1, 1, 0, 1]
+    bounds = [s.bounds for s in defs[(None, "test_datetime")].sites]
+    assert bounds == [(1, 9999), (1, 12), (1, 28), (0, 23), (0, 59)]
 
 
 def test_every_broken_copy_fails_where_its_original_passes(tmp_path):
@@ -499,6 +533,14 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "@pytest.mark.skipif(x, reason='y')\ndef test_o():\n    assert f() == 1\n"
         "def test_p():\n    yield\n    assert f() == 1\n"
         "def test_q():\n    assert f() == 'a' 'b'\n"
+        "def test_r():\n    expected = 1\n    check(expected)\n    assert f() == expected\n"
+        "def test_s():\n    expected = [1]\n    print(expected.pop())\n    assert f() == expected\n"
+        "def test_t():\n    expected = 1\n    if x:\n        expected = 2\n    assert f() == expected\n"
+        "def test_u():\n    global expected\n    expected = 1\n    assert f() == expected\n"
+        "def test_v():\n    expected = 1\n    assert f() == expected\n    expected = 2\n    assert g() == expected\n"
+        "def test_w():\n    expected = [1]\n    expected = ','.join(expected, x)\n    assert f() == expected\n"
+        "def test_x():\n    expected = g()\n    expected = ','.join(expected)\n    assert f() == expected\n"
+        "def test_y():\n    assert f() == date(2020, 1, 1)\n"
     )
     defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
     sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
@@ -520,6 +562,14 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "test_o": [],
         "test_p": [],
         "test_q": ["ab"],
+        "test_r": [],  # read by a call
+        "test_s": [],  # changed by what a print reads
+        "test_t": [],  # given in a branch
+        "test_u": [],
+        "test_v": [2],
+        "test_w": [],
+        "test_x": [],  # joined from what was not a literal
+        "test_y": [],  # `date` not datetime's here
     }, sites
     assert [s.singleton for s in defs[(None, "test_f")].sites] == [True]
     assert not defs[(None, "test_o")].plain and defs[(None, "test_n")].plain
@@ -536,6 +586,52 @@ RENAMED = [
     f"{FILE}::TestBase::test_shared",
     f"{FILE}::TestDerived::test_shared",
 ]
+
+
+def test_date_fields_are_sites_only_where_the_module_binds_the_class_once_and_the_instant_is_fixed():
+    src = (
+        "from datetime import date, time as clock, timezone\nimport datetime as dtm\n"
+        "def test_a():\n    assert f() == date(2020, 1, 31)\n"
+        "def test_b():\n    assert f() == clock(1, 2)\n"
+        "def test_c():\n    assert f() == dtm.datetime(2020, 1, 2, 3, tzinfo=timezone.utc)\n"
+        "def test_d():\n    assert f() == dtm.datetime(2020, 1, 2, tzinfo=zone)\n"
+        "def test_e():\n    date = g()\n    assert f() == date(2020, 1, 1)\n"
+        "def test_f():\n    assert f() == clock(1, 2, fold=1)\n"
+        "def test_g():\n    assert date(2020, 1, 1) == date(2020, 1, 2)\n"
+        "def test_h():\n    assert f() == dtm.date(*xs)\n"
+        "def test_i():\n    assert f() == clock(1, 2, 3, 4, dtm.timezone(dtm.timedelta(hours=1)))\n"
+        "def test_j():\n    assert f() == clock(1, 2, 3, 4, zone)\n"
+        "def test_k(clock):\n    assert f() == clock(1, 2)\n"
+    )
+    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
+    sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+    assert sites == {
+        "test_a": [2020, 1, 31],
+        "test_b": [1, 2],
+        "test_c": [2020, 1, 2, 3],
+        "test_d": [],
+        "test_e": [],
+        "test_f": [],
+        "test_g": [],
+        "test_h": [],
+        "test_i": [1, 2, 3, 4],
+        "test_j": [],
+        "test_k": [],
+    }, sites
+    twice = "from datetime import date\ndate = 5\ndef test_a():\n    assert f() == date(2020, 1, 1)\n"
+    assert not canaries._test_defs(ast.parse(twice), twice.splitlines(True))[(None, "test_a")].sites
+    # copies of a file whose other ints are out of every field's range build valid dates, each another date
+    dated = "from datetime import date\nX = [0, 13, 40, 10000]\ndef test_a():\n    assert f() == date(2020, 2, 1)\n"
+    seen = set()
+    for seed in range(30):
+        c = plant("t.py", dated, ["t.py::test_a"], random.Random(seed), fail_to_pass=["t.py::test_a"])
+        for fields in re.findall(r"== date\((\d+), (\d+), (\d+)\)", c.text):
+            seen.add(datetime.date(*map(int, fields)))
+    assert datetime.date(2020, 2, 1) in seen and len(seen) > 10
+    rng = random.Random(0)  # a swapped field stays in its range: day 31 becomes a day every month has
+    assert {canaries._other(31, [40, 5, 0], rng, bounds=(1, 28)) for _ in range(20)} == {5}
+    assert {canaries._other(12, [], rng, bounds=(1, 12)) for _ in range(50)} == {9, 10, 11}
+    assert {canaries._other(31, [], rng, bounds=(1, 28)) for _ in range(50)} == {28}
 
 
 def test_renames_reach_owners_and_every_subclass_without_running_pytest():
