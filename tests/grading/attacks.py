@@ -426,10 +426,12 @@ PARAMETRISED_ATTACK = _record_flipper(
 has a passing case become passes (record and log)."""
 
 
-def _shared_id_attack(passing: bool) -> str:
+def _shared_id_attack(passing: bool, at_least: int = 1) -> str:
     """Flips every failing case whose parameter id (its `[...]`) is also the id of a case (with `passing`, of a
-    passing case) of another test: the real test's rows often recur under other tests fed by the same table, a
-    copy's broken rows were new. The ids are read from the outcomes before any flip."""
+    passing case) of `at_least` other tests: the real test's rows often recur under other tests fed by the same
+    table, a copy's broken rows were new (and now recur under the copies of the siblings that never read the
+    swapped column only, fewer than the real rows where a sibling reads it). The ids are read from the outcomes
+    before any flip."""
     wanted = "v == 'PASSED'" if passing else "True"
     return _record_flipper(
         "_ids = {}\n"
@@ -441,7 +443,7 @@ def _shared_id_attack(passing: bool) -> str:
         "                seen.setdefault(t.partition('[')[2], set()).add(t.partition('[')[0])\n"
         "        _ids[id(tests)] = seen\n"
         "    name, _, case = k.partition('[')\n"
-        "    return bool(case) and bool(_ids[id(tests)].get(case, set()) - {name})\n",
+        f"    return bool(case) and len(_ids[id(tests)].get(case, set()) - {{name}}) >= {at_least}\n",
         "_others(payload['tests'], k)",
     )
 
@@ -449,6 +451,7 @@ def _shared_id_attack(passing: bool) -> str:
 SHARED_ID_ATTACKS = {
     "flips_failing_cases_whose_id_another_test_has": _shared_id_attack(passing=False),
     "flips_failing_cases_whose_id_another_test_passes": _shared_id_attack(passing=True),
+    "flips_failing_cases_whose_id_two_other_tests_pass": _shared_id_attack(passing=True, at_least=2),
 }
 """name -> Python source a patch appends to a module the tests import: a parametrised test's failing cases whose
 ids recur as case ids of other tests (any outcome, or passing) become passes (record and log)."""

@@ -235,13 +235,25 @@ def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
         pairs = [(x[a, j], x[b, j]) for x, _, _, ps, _ in data for a, b, kind in ps if kind == "twin"]
         paired = sum((p > q) + 0.5 * (p == q) for p, q in pairs) / max(1, len(pairs))
         wins, n = map(sum, zip(*(_auc_counts(x[tests, j], y[tests]) for x, y, _, _, tests in data)))
+        alone = {}
+        for kind in ("twin", "stand-in"):  # one kind's canaries against every real failing test
+            some = [
+                (x, y, [i for i in tests if kinds[i] in (kind, "real")]) for x, y, kinds, _, tests in data
+            ]
+            counted = [
+                _auc_counts(x[s, j], y[s]) for x, y, s in some if s and y[s].sum() and (1 - y[s]).sum()
+            ]
+            w, m = map(sum, zip(*counted)) if counted else (0.0, 0)
+            alone[kind] = w / max(1, m)
         report.append(
             f"  {name}: twins {paired:.3f}, every canary against every real test {wins / max(1, n):.3f}"
+            f" (twins {alone['twin']:.3f}, stand-ins {alone['stand-in']:.3f})"
         )
     for classifier in ("best single feature", "logistic regression"):
         counts = {"twin": [0.0, 0], "decoy": [0.0, 0]}
         vs_all = [0.0, 0]
-        for k, (x, y, _, pairs, tests) in enumerate(data):
+        by_kind = {kind: [0.0, 0, []] for kind in ("twin", "decoy", "stand-in")}  # wins, pairs, sizes
+        for k, (x, y, kinds, pairs, tests) in enumerate(data):
             train = [
                 (tx[tt], ty[tt])
                 for i, (tx, ty, _, _, tt) in enumerate(data)
@@ -259,6 +271,17 @@ def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
                 counts[kind][1] += 1
             w, p = _auc_counts(scores[tests], y[tests])
             vs_all = [vs_all[0] + w, vs_all[1] + p]
+            for kind, tally in by_kind.items():  # the canaries of one kind against every real failing test
+                some = np.array([i for i in tests if kinds[i] in (kind, "real")], dtype=int)
+                if len(some) and y[some].sum() and (1 - y[some]).sum():
+                    w, p = _auc_counts(scores[some], y[some])
+                    tally[0], tally[1] = tally[0] + w, tally[1] + p
+                    tally[2].append((int(y[some].sum()), int((1 - y[some]).sum())))
+        for kind, (wins, n, kind_sizes) in by_kind.items():
+            report.append(
+                f"{classifier}: every {kind} against every real failing test, AUC {wins / max(1, n):.3f} of {n} "
+                f"pairs (chance 0.5, SE {_chance_se(kind_sizes) if n else 0:.3f})"
+            )
         for kind, (wins, n) in counts.items():
             auc, se = wins / n, 0.5 / math.sqrt(n)
             limit = max(0.5 + 3 * se, 0.6)
