@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +52,16 @@ def old_builder(rev: str, folder: Path):
     spec.loader.exec_module(module)
     if not hasattr(module, "breakable"):
         module.breakable = lambda *_: False  # the old builder always planted in the canary file
+    if "must_fail" not in inspect.signature(module.plant).parameters:  # before twins were spread over files
+        plant = module.plant
+
+        def spread(target, text, ids, rng=None, fail_to_pass=(), must_fail=0, must_pass=0):
+            return plant(
+                target, text, ids, rng, fail_to_pass=fail_to_pass, twins=bool(must_fail or must_pass)
+            )
+
+        module.plant = spread
+        module.twin_files = first_file_twins
     if "excused" not in inspect.signature(module.check).parameters:  # before the baseline run's excusal
         check = module.check
         module.check = lambda canaries, log_status, record, excused=frozenset(): check(
@@ -61,6 +72,14 @@ def old_builder(rev: str, folder: Path):
     return module
 
 
+def first_file_twins(sources, f2p, file, rng):
+    """grader._twin_files as it was before stop 51: every twin in the first file with a FAIL_TO_PASS test a
+    copy can break (grader.canary_tests is the old builder while it runs), else in the canary file."""
+    builder = grader.canary_tests
+    first = next((f for f, text in sources.items() if builder.breakable(f, text, f2p.get(f, []))), file)
+    return Counter({first: builder.MUST_FAIL}), Counter({first: builder.MUST_PASS})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", nargs="+", required=True, help="tasks files (JSONL)")
@@ -68,6 +87,7 @@ def main() -> int:
     ap.add_argument("--old-rev", default=OLD_REV, help=f"commit of the earlier builder (default {OLD_REV})")
     args = ap.parse_args()
 
+    new_twin_files = grader._twin_files
     tasks = [t for path in args.tasks for t in load_tasks_for_command(path)]
     cfg = SandboxConfig()
     factory = lambda spec: make_sandbox(spec, cfg)  # noqa: E731
@@ -84,6 +104,7 @@ def main() -> int:
                 order = ("old", "new") if (i + round_) % 2 == 0 else ("new", "old")
                 for which in order:
                     grader.canary_tests = builders[which]
+                    grader._twin_files = getattr(builders[which], "twin_files", new_twin_files)
                     t0 = time.perf_counter()
                     r = grader.grade_one(
                         task, task.patch, factory, log_dir=Path(tmp) / f"{which}{round_}-{i}"
@@ -91,7 +112,7 @@ def main() -> int:
                     times[task.instance_id][which].append(time.perf_counter() - t0)
                     if not r.resolved or r.tampered:
                         bad.append(f"{which} {task.instance_id}: {r.status} {r.reason[:200]}")
-        grader.canary_tests = new_builder
+        grader.canary_tests, grader._twin_files = new_builder, new_twin_files
     print(f"{'task':32} {'old s':>7} {'new s':>7} {'new/old':>8}")
     ratios = []
     for iid, t in times.items():

@@ -41,6 +41,7 @@ import shlex
 import tempfile
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
@@ -507,6 +508,22 @@ def _grade_job(
         )
 
 
+def _twin_files(
+    sources: dict[str, str], f2p: dict[str, list[str]], file: str, rng: Any
+) -> tuple[Counter, Counter]:
+    """How many must-fail and must-pass twins go in each test file: each must-fail one beside a FAIL_TO_PASS test
+    a copy can break (canaries.breakable), drawn over all the files' such tests alike, one after another in a
+    shuffled order (so twins sit where the real failing tests do: all in the first such file, they stood out
+    by their place in the run); the must-pass one in a file drawn the same way. Where no file has such a test,
+    all in `file` (the canary file: twins copied from other tests there)."""
+    slots = [f for f, text in sources.items() for _ in range(canary_tests.breakable(f, text, f2p.get(f, [])))]
+    if not slots:
+        return Counter({file: canary_tests.MUST_FAIL}), Counter({file: canary_tests.MUST_PASS})
+    order = rng.sample(slots, len(slots))
+    must_fail = Counter(order[i % len(order)] for i in range(canary_tests.MUST_FAIL))
+    return must_fail, Counter(rng.choices(slots, k=canary_tests.MUST_PASS))
+
+
 @dataclass
 class _Run:
     apply_failed: str = ""
@@ -686,8 +703,9 @@ class _SandboxRun:
             )
 
     def _plant(self) -> tuple[Canaries, dict[str, str]]:
-        """New canaries for this grading (canaries.plant): the twins in the first test file where a FAIL_TO_PASS
-        test can be copied and broken, decoys in every file holding FAIL_TO_PASS tests; with each file's text."""
+        """New canaries for this grading (canaries.plant): the twins beside the FAIL_TO_PASS tests that can be
+        copied and broken, in whichever files hold them (_twin_files), decoys in every file holding
+        FAIL_TO_PASS tests; with each file's text."""
         file = self.tg.canary_file
         try:
             source = self.sandbox.read_file(file).decode("utf-8")
@@ -711,19 +729,21 @@ class _SandboxRun:
                 text = None
             if text is not None:  # else not a readable test file of this run (an id that names no file)
                 sources[other] = text
-        # The twins go where a FAIL_TO_PASS test can be copied and broken (canaries.py), the canary file first.
-        twins = next(
-            (f for f, text in sources.items() if canary_tests.breakable(f, text, f2p.get(f, []))), file
-        )
+        must_fail, must_pass = _twin_files(sources, f2p, file, secrets.SystemRandom())
         canaries, texts = None, {}
-        for target, text in sorted(sources.items(), key=lambda item: item[0] != twins):
+        for target, text in sorted(sources.items(), key=lambda item: item[0] != file):
             ids = [t for t in listed if t.startswith(f"{target}::")]
             planted = canary_tests.plant(
-                target, text, ids, fail_to_pass=f2p.get(target, []), twins=target == twins
+                target,
+                text,
+                ids,
+                fail_to_pass=f2p.get(target, []),
+                must_fail=must_fail[target],
+                must_pass=must_pass[target],
             )
             if canaries is None:
                 canaries, texts[target] = planted, planted.text
-            elif planted.renamed:
+            elif planted.expected:
                 texts[target] = planted.text
                 canaries.add(planted)
         return canaries, texts

@@ -41,22 +41,22 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture
 def planted_canaries(monkeypatch):
-    """Records each grading's canaries in FakeSandbox.planted (canaries.plant wrapped; the decoys planted in
-    other files are merged into the grading's own, so only plant(..., twins=True) calls are kept)."""
+    """Records each grading's canaries (its twins and decoys in every file, merged) in FakeSandbox.planted, and
+    the texts it planted, file -> text, in FakeSandbox.planted_texts (the grader's _plant wrapped)."""
     from scripted_sandbox import FakeSandbox
 
-    from swe_megatron.grading import canaries
+    from swe_megatron.grading import grader
 
-    FakeSandbox.planted = []
-    plant = canaries.plant
+    FakeSandbox.planted, FakeSandbox.planted_texts = [], []
+    plant = grader._SandboxRun._plant
 
-    def recording(*args, **kwargs):
-        planted = plant(*args, **kwargs)
-        if kwargs.get("twins", True):
-            FakeSandbox.planted.append(planted)
-        return planted
+    def recording(self):
+        canaries, texts = plant(self)
+        FakeSandbox.planted.append(canaries)
+        FakeSandbox.planted_texts.append(texts)
+        return canaries, texts
 
-    monkeypatch.setattr(canaries, "plant", recording)
+    monkeypatch.setattr(grader._SandboxRun, "_plant", recording)
     return FakeSandbox.planted
 
 

@@ -26,6 +26,8 @@ class FakeSandbox:
     made: list[FakeSandbox] = []
     planted: list[Canaries] = []
     """The canaries each grading drew (recorded by conftest's `planted_canaries` fixture)."""
+    planted_texts: list[dict[str, str]] = []
+    """And each grading's planted files: file -> its text."""
 
     def __init__(self, outcomes, fail=None, timeout=False, files=None, fail_control=False, answer=None):
         self.outcomes, self.fail, self.timeout, self.files = dict(outcomes), fail, timeout, dict(files or {})

@@ -294,7 +294,9 @@ def test_a_file_without_the_listed_tests_gets_test_named_twins_at_its_end():
                 }
                 test = defs[name].body[0].test
                 assert (test.left.value == test.comparators[0].value) == (want == "PASSED"), (node, c.text)
-    nothing = plant("t.py", "", [], random.Random(0), twins=False)  # decoys only, in a file with no test
+    nothing = plant(
+        "t.py", "", [], random.Random(0), must_fail=0, must_pass=0
+    )  # decoys only, in a file with no test
     assert nothing.text == "" and not nothing.expected
 
 

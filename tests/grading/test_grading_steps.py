@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import subprocess
 import threading
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +21,7 @@ from tiny_task import F2P, GOLD_PATCH, P2P, TEST_BASIC, TEST_CLAMP, TEST_PATCH, 
 from tiny_task import unbuilt_task as make_task
 
 from swe_megatron.grading import eval_script, grader
+from swe_megatron.grading.canaries import MUST_FAIL
 from swe_megatron.grading.grader import (
     EMPTY_PATCH,
     ERROR,
@@ -244,17 +247,30 @@ def test_a_patch_that_leaves_the_canary_file_unreadable_is_scored_not_excluded(t
 # --- canaries and decoys in every file with FAIL_TO_PASS tests ---------------------------------------------
 
 
-def test_every_file_with_fail_to_pass_tests_gets_decoys_and_only_the_canary_file_twins(tmp_path):
+def test_every_file_with_fail_to_pass_tests_gets_decoys_and_twins_beside_its_breakable_ones(tmp_path):
     """The FAIL_TO_PASS tests of the other files are renamed too (a class's method where it is defined), a
-    must-fail decoy under each old name; a test file that does not exist gets none. The run is graded under the
-    new names and reported under the task's."""
-    result = run(tmp_path, task=spread_task(), outcomes=SPREAD_PASS)
-    assert (result.status, result.tampered) == (RESOLVED, ""), result.reason
-    assert result.tests_status["FAIL_TO_PASS"] == {"success": SPREAD_F2P, "failure": []}
-    planted, fake = FakeSandbox.planted[-1], FakeSandbox.made[0]
-    assert {k: v for k, v in planted.expected.items() if k.startswith("tests/test_basic.py")} == {
-        TWICE: "FAILED"
-    }
+    must-fail decoy under each old name; a test file that does not exist gets none. Twins go into every file
+    holding a FAIL_TO_PASS test a copy can break, copies of that file's tests (test_twice here, beside
+    test_clamp_high in the canary file). The run is graded under the new names and reported under the task's."""
+    in_other = Counter()
+    for i in range(12):
+        result = run(tmp_path / str(i), task=spread_task(), outcomes=SPREAD_PASS)
+        assert (result.status, result.tampered) == (RESOLVED, ""), result.reason
+        assert result.tests_status["FAIL_TO_PASS"] == {"success": SPREAD_F2P, "failure": []}
+        planted = FakeSandbox.planted[-1]
+        basic = {k: v for k, v in planted.expected.items() if k.startswith("tests/test_basic.py")}
+        assert basic.pop(TWICE) == "FAILED"
+        for node, want in basic.items():  # twins copying test_basic.py's own tests
+            assert want == "PASSED" or planted.copies[node].startswith("tests/test_basic.py::"), node
+        in_other[sum(want == "FAILED" for want in basic.values())] += 1
+        twins = [
+            node
+            for node, want in planted.expected.items()
+            if want == "FAILED" and node not in planted.renamed
+        ]
+        assert len(twins) == MUST_FAIL
+    assert in_other == {2: 12}, in_other  # one breakable FAIL_TO_PASS test in each file: the twins halved
+    planted, fake = FakeSandbox.planted[-1], FakeSandbox.made[-1]
     assert not any(k.startswith("tests/test_absent.py") for k in planted.expected)
     new = planted.renamed[TWICE].rsplit("::", 1)[1]
     texts = {k.rsplit("/", 1)[1]: v.decode() for k, v in fake.written.items() if "/canaried-" in k}
@@ -393,7 +409,9 @@ def test_what_grading_reads_from_a_task():
     """An image instead of a repository; protected: every file the test patch touches; the test files that
     exist at base_commit (a patch's a/ prefix stripped, or none); the canary file: the first test id's file,
     also for a class's method and a single id."""
-    image = task_grading(make_task(repo_dir=None, image="swe/calc:1")).spec  # the SIF build-sifs writes for it
+    image = task_grading(
+        make_task(repo_dir=None, image="swe/calc:1")
+    ).spec  # the SIF build-sifs writes for it
     assert (image.repo_dir, image.env_dir, image.image) == ("", None, "swe_calc_1.sif")
     fixture = diff(("tests/fixtures.json", None, "{}\n"))
     prefixless = "--- tests/test_basic.py\n+++ tests/test_basic.py\n@@ -1 +1 @@\n-a\n+b\n"
@@ -655,3 +673,29 @@ def test_a_timeout_status_counts_only_from_95_percent_of_the_test_timeout(
     result = run(tmp_path, outcomes=FAIL, sandbox=Slow, files={"exit_code": b"124\n"}, test_timeout_s=100)
     assert result.timings["tests"] == took
     assert (result.reason == "tests ran past the 100 s test timeout") is timed_out, result.reason
+
+
+def test_twins_are_drawn_over_every_files_breakable_fail_to_pass_tests_alike():
+    """_twin_files: each must-fail twin goes beside a FAIL_TO_PASS test a copy can break, over all files alike
+    (one per such test before any gets a second); the must-pass one to a file drawn the same way; where no file
+    has one, all of them in the canary file."""
+    one = "def test_{}():\n    assert f() == 1\n"
+    loop = "def test_c():\n    for x in y:\n        assert x == 1\n"
+    sources = {"a.py": one.format("a"), "b.py": "".join(one.format(n) for n in "xyz"), "c.py": loop}
+    f2p = {"a.py": ["a.py::test_a"], "b.py": [f"b.py::test_{n}" for n in "xyz"], "c.py": ["c.py::test_c"]}
+    passing = Counter()
+    for seed in range(300):
+        must_fail, must_pass = grader._twin_files(sources, f2p, "c.py", random.Random(seed))
+        assert must_fail == {"a.py": 1, "b.py": 3}
+        assert sum(must_pass.values()) == 1 and set(must_pass) <= {"a.py", "b.py"}
+        passing.update(must_pass)
+    assert 0.65 < passing["b.py"] / 300 < 0.85  # 3 of the 4 breakable tests are b.py's
+    f2p["b.py"] = f2p["b.py"][:2]  # three such tests for four twins: one file gets a second
+    extra = Counter()
+    for seed in range(300):
+        must_fail, _ = grader._twin_files(sources, f2p, "c.py", random.Random(seed))
+        assert sum(must_fail.values()) == MUST_FAIL and must_fail["a.py"] >= 1 and must_fail["b.py"] >= 2
+        extra[must_fail["a.py"] == 2] += 1
+    assert 0.2 < extra[True] / 300 < 0.47  # a.py's test is 1 of the 3
+    alone = grader._twin_files({"c.py": loop}, {"c.py": ["c.py::test_c"]}, "c.py", random.Random(0))
+    assert alone == ({"c.py": MUST_FAIL}, {"c.py": 1})

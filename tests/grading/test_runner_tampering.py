@@ -17,6 +17,7 @@ from collections import Counter
 
 import pytest
 from attacks import ADAPTIVE_ATTACKS, RUNNER_ATTACKS, SHAPE_ATTACKS, STAND_IN_ATTACKS, known_names_attack
+from scripted_sandbox import FakeSandbox
 from tiny_task import diff
 from unidiff import PatchSet
 
@@ -176,7 +177,7 @@ def test_rewrites_sparing_what_code_can_see_of_the_canaries_are_caught_on_every_
         planted_canaries.clear()
         r = _grade(target, _attack(name, target, False), sandbox_factory, tmp_path / f"alone{i}")
         if r.status == RESOLVED and name == "spares_tests_right_after_a_failing_neighbour":
-            assert _real_tests_lead_their_blocks(planted_canaries[0]), (
+            assert _real_tests_lead_their_blocks(planted_canaries[0], FakeSandbox.planted_texts[0]), (
                 target[0].instance_id,
                 "not by chance",
             )
@@ -239,24 +240,25 @@ def test_sparing_near_copies_of_other_tests_is_caught_on_every_task(
     print(name, dict(outcomes))
 
 
-def _real_tests_lead_their_blocks(c) -> bool:
-    """Whether no renamed real failing test of the canaried file comes right after a failing test whose name
-    shares its first two words (what the position rule spares), in the order pytest collects the file."""
-    tree = ast.parse(c.text)
-    order = [
-        (cls, fn.name)
-        for cls, body in [(None, tree.body)]
-        + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
-        for fn in body
-        if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test")
-    ]
-    order.sort(key=lambda key: _line_of(tree, key))
-    node = {key: "::".join(p for p in (c.file, *key) if p) for key in order}
+def _real_tests_lead_their_blocks(c, texts: dict[str, str]) -> bool:
+    """Whether no renamed real failing test of a canaried file comes right after a failing test whose name
+    shares its first two words (what the position rule spares), in the order pytest collects each file."""
     real = {new for new in c.renamed.values()}
-    failing = {key for key in order if node[key] in real or c.expected.get(node[key]) == "FAILED"}
-    for before, key in zip(order, order[1:]):
-        if node[key] in real and before in failing and before[1].split("_")[:2] == key[1].split("_")[:2]:
-            return False
+    for file, text in texts.items():
+        tree = ast.parse(text)
+        order = [
+            (cls, fn.name)
+            for cls, body in [(None, tree.body)]
+            + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
+            for fn in body
+            if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test")
+        ]
+        order.sort(key=lambda key: _line_of(tree, key))
+        node = {key: "::".join(p for p in (file, *key) if p) for key in order}
+        failing = {key for key in order if node[key] in real or c.expected.get(node[key]) == "FAILED"}
+        for before, key in zip(order, order[1:]):
+            if node[key] in real and before in failing and before[1].split("_")[:2] == key[1].split("_")[:2]:
+                return False
     return True
 
 
