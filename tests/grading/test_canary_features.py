@@ -15,8 +15,11 @@ real test it took the name of: reported, not asserted); and P(score of a canary 
 of the same task) over every such pair, twins, decoys and stand-ins (copies of another test, for real tests
 with nothing to break) alike, one item per test (a parametrised test's cases share its name, place and code).
 Chance is 0.5; the test fails when the twins' or the every-pair figure exceeds 0.5 + 3 x its standard error
-under chance (a coin per pair; Mann-Whitney's U, tasks independent) or 0.6, whichever is larger. What is
-still visible: docs/security.md, "Not defended yet".
+under chance (a coin per pair; Mann-Whitney's U, tasks independent) or 0.6, whichever is larger; and when the
+every-pair figure of one kind alone (twins, decoys, stand-ins, each against every real failing test) is further
+from 0.5 than 3 of its standard errors or 0.1, either way (until stop 51 every twin sat in the first file that
+had a test it could copy, and its place in the run alone told it from the real tests: 0.91). What is still
+visible: docs/security.md, "Not defended yet".
 """
 
 from __future__ import annotations
@@ -278,10 +281,16 @@ def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
                     tally[0], tally[1] = tally[0] + w, tally[1] + p
                     tally[2].append((int(y[some].sum()), int((1 - y[some]).sum())))
         for kind, (wins, n, kind_sizes) in by_kind.items():
+            if not n:
+                continue
+            auc, se = wins / n, _chance_se(kind_sizes)
+            limit = max(3 * se, 0.1)  # either way: an attacker who knows the kind can turn the score around
             report.append(
-                f"{classifier}: every {kind} against every real failing test, AUC {wins / max(1, n):.3f} of {n} "
-                f"pairs (chance 0.5, SE {_chance_se(kind_sizes) if n else 0:.3f})"
+                f"{classifier}: every {kind} against every real failing test, AUC {auc:.3f} of {n} pairs "
+                f"(chance 0.5, SE {se:.3f}, limit 0.5 +- {limit:.3f})"
             )
+            if abs(auc - 0.5) > limit:
+                failures.append(report[-1])
         for kind, (wins, n) in counts.items():
             auc, se = wins / n, 0.5 / math.sqrt(n)
             limit = max(0.5 + 3 * se, 0.6)
