@@ -38,6 +38,7 @@ What stays visible to the tested code is in docs/security.md.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import io
 import re
@@ -849,13 +850,29 @@ def _self_join(stmt: ast.stmt) -> str | None:
 
 
 def _in_order(body: list[ast.stmt]) -> list[ast.stmt]:
-    """`body`'s statements as they run when none raises, a `try` with no `except` (only `finally`) entered: its
-    body's statements run at the top as much as the function's own, and an assertion failing there still fails
-    the test (the `finally` runs, then the error goes on)."""
+    """`body`'s statements as they run when none raises, a `try` entered where no handler of it can catch an
+    AssertionError (only `finally`, or `except ImportError:` and other built-in exceptions that are not
+    AssertionError's bases: tabulate's `try: ... except ImportError: skip(...)`): its body's statements run at
+    the top as much as the function's own (the test passes with the fix, so none before the assertion raised),
+    and an assertion failing there still fails the test (the `finally` runs, then the error goes on)."""
     out = []
     for stmt in body:
-        out += _in_order(stmt.body) if isinstance(stmt, ast.Try) and not stmt.handlers else [stmt]
+        entered = isinstance(stmt, ast.Try) and all(_misses_assertions(h.type) for h in stmt.handlers)
+        out += _in_order(stmt.body) if entered else [stmt]
     return out
+
+
+def _misses_assertions(caught: ast.expr | None) -> bool:
+    """Whether an `except` clause catching `caught` (None: a bare `except`) lets an AssertionError through: every
+    class it names is a built-in exception AssertionError does not derive from."""
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+    return all(
+        isinstance(n, ast.Name)
+        and isinstance(cls := getattr(builtins, n.id, None), type)
+        and issubclass(cls, BaseException)
+        and not issubclass(AssertionError, cls)
+        for n in names
+    )
 
 
 def _first_read(fn: ast.FunctionDef, name: str) -> str | None:

@@ -108,6 +108,15 @@ def test_datetime():
     assert datetime.fromtimestamp(double(30), timezone.utc) == datetime(1970, 1, 1, 0, 1, tzinfo=timezone.utc)
 
 
+def test_try_import():
+    try:
+        import json
+
+        assert json.dumps(double(1)) == "2"
+    except ImportError:
+        pytest.skip("no json")
+
+
 def test_is():
     assert print() is None
 
@@ -157,6 +166,7 @@ BREAKABLE = [
     "test_joined_into_itself",
     "test_date",
     "test_datetime",
+    "test_try_import",
     "test_is",
     "test_last_one_counts",
     "TestCaseStyle.test_equal",
@@ -249,6 +259,7 @@ def test_what_can_be_broken_and_what_cannot():
     # and a datetime's fields, each within its range
     assert sites["test_given_anew"] == ["4"] and sites["test_joined_into_itself"] == ["2", "4"]
     assert sites["test_date"] == [1, 1, 2] and sites["test_datetime"] == [1970, 1, 1, 0, 1]
+    assert sites["test_try_import"] == ["2"]  # a `try` whose handlers let an AssertionError through
     bounds = [s.bounds for s in defs[(None, "test_datetime")].sites]
     assert bounds == [(1, 9999), (1, 12), (1, 28), (0, 23), (0, 59)]
 
@@ -541,6 +552,12 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "def test_w():\n    expected = [1]\n    expected = ','.join(expected, x)\n    assert f() == expected\n"
         "def test_x():\n    expected = g()\n    expected = ','.join(expected)\n    assert f() == expected\n"
         "def test_y():\n    assert f() == date(2020, 1, 1)\n"
+        "def test_z():\n    try:\n        assert f() == 1\n    except ImportError:\n        pass\n"
+        "def test_za():\n    try:\n        assert f() == 1\n    except Exception:\n        pass\n"
+        "def test_zb():\n    try:\n        assert f() == 1\n    except (ImportError, AssertionError):\n        pass\n"
+        "def test_zc():\n    try:\n        assert f() == 1\n    except:\n        pass\n"
+        "def test_zd():\n    try:\n        assert f() == 1\n    except MyError:\n        pass\n"
+        "def test_ze():\n    try:\n        assert f() == 1\n    except (KeyError, OSError):\n        pass\n"
     )
     defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
     sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
@@ -570,6 +587,12 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "test_w": [],
         "test_x": [],  # joined from what was not a literal
         "test_y": [],  # `date` not datetime's here
+        "test_z": [1],
+        "test_za": [],  # the handler catches AssertionError
+        "test_zb": [],
+        "test_zc": [],
+        "test_zd": [],  # not a built-in: may derive from AssertionError
+        "test_ze": [1],
     }, sites
     assert [s.singleton for s in defs[(None, "test_f")].sites] == [True]
     assert not defs[(None, "test_o")].plain and defs[(None, "test_n")].plain
