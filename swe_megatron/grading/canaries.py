@@ -43,6 +43,7 @@ import functools
 import io
 import re
 import secrets
+import string
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,7 @@ class _Site:
     singleton: bool = False  # the right side of `is`: swapped for another of True, False, None
     loose: bool = False  # a singleton compared by `is` through a name: any other constant fails it too
     bounds: tuple[int, int] | None = None  # an int field of a date or time: its swap stays in this range
+    raw: bool = False  # one letter or digit inside a string written over several lines: swapped as written
 
 
 @dataclass(frozen=True)
@@ -267,7 +269,9 @@ def plant(
         column's own values) first, then the file's constants; a singleton another singleton (loose: then any
         constant of the file, as `is` fails with any other object)."""
         seen = drawn.setdefault((site.line, site.col), Counter())
-        if site.singleton:
+        if site.raw:
+            options = [list(_inner_options(site.value))]
+        elif site.singleton:
             options = [[v for v in _SINGLETONS if v is not site.value]]
             options += [[c for c in constants if type(c) in (int, str)]] if site.loose else []
         else:
@@ -290,7 +294,7 @@ def plant(
         else:  # a value of its own near the old one; else the most used again, so one copy stays unlike the rest
             tries = (
                 []
-                if site.singleton
+                if site.singleton or site.raw
                 else [_other(site.value, [], rng, site.avoid, site.bounds) for _ in range(64)]
             )
             new = [v for v in tries if (type(v), v) not in seen]
@@ -339,7 +343,10 @@ def plant(
             swaps = [(site, pick(site, []))]
         else:
             swaps = swapped_rows(template, column, node)
-        edits = [(c.line, c.col, c.end_col, _literal(value, _quote(pristine, c))) for c, value in swaps]
+        edits = [
+            (c.line, c.col, c.end_col, value if c.raw else _literal(value, _quote(pristine, c)))
+            for c, value in swaps
+        ]
         if column is None:
             column = _Column((), (), ())
         renames = {}
@@ -637,7 +644,7 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
                 args = node.args.args[0].arg if cls and node.args.args else ""
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             plain = not any(re.search("parametri|xfail|skip", ast.unparse(d)) for d in node.decorator_list)
-            sites = _sites(node, helpers, made)
+            sites = _sites(node, helpers, made, lines)
             columns = () if sites else _columns(node, tables)
             loads = frozenset(n.id for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.Name))
             out[(cls, node.name)] = _Def(
@@ -648,7 +655,10 @@ def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str
 
 
 def _sites(
-    fn: ast.FunctionDef, helpers: dict[str, ast.FunctionDef] | None = None, made: dict[str, str] | None = None
+    fn: ast.FunctionDef,
+    helpers: dict[str, ast.FunctionDef] | None = None,
+    made: dict[str, str] | None = None,
+    lines: list[str] | None = None,
 ) -> tuple[_Site, ...]:
     """The literals of `fn`'s last equality assertion at the top of its body (a `try` with only `finally`
     entered) whose other side is not a literal (`assert x == L`, `L == x`, `self.assertEqual(x, L)`,
@@ -693,13 +703,13 @@ def _sites(
                 continue
         literal = [s for s in sides if _is_literal(s)]
         named = [
-            _leaves(given[s.id])
+            _leaves(given[s.id], lines)
             for s in sides
             if isinstance(s, ast.Name) and s.id in given and s.id in only_given
         ]
         dates = [_date_fields(side, made) for side in sides]
         if len(literal) == 1 and len(sides) == 2:
-            found = _leaves(literal[0]) or found
+            found = _leaves(literal[0], lines) or found
         elif not literal and sum(map(bool, named)) == 1:
             found = next(leaves for leaves in named if leaves)
         elif not literal and not any(named) and sum(map(bool, dates)) == 1:
@@ -1093,9 +1103,11 @@ def _can_end_early(fn: ast.FunctionDef) -> bool:
     return False
 
 
-def _leaves(value: ast.expr) -> tuple[_Site, ...]:
+def _leaves(value: ast.expr, lines: list[str] | None = None) -> tuple[_Site, ...]:
     """The swappable constants of a literal, or of the parts of `SEP.join([...])` (SEP one character that is
-    not a letter or digit, no part holding it: the joined text then differs whenever a part does)."""
+    not a letter or digit, no part holding it: the joined text then differs whenever a part does); of a string
+    written over several lines (a triple-quoted table), letters and digits inside it (_inner_sites, from the
+    file's `lines`)."""
     avoid = ""
     if (
         isinstance(value, ast.Call)
@@ -1119,14 +1131,75 @@ def _leaves(value: ast.expr) -> tuple[_Site, ...]:
     # not a dict's keys: another key can leave the dict equal to what an __eq__ reads of it (semver compares
     # {"major": 1, "minor": 0, "patch": 0}; "patch" -> "build" still equals 1.0.0), or repeat a key
     keys = {id(k) for d in ast.walk(value) if isinstance(d, ast.Dict) for k in d.keys if k is not None}
+    consts = [c for c in ast.walk(value) if isinstance(c, ast.Constant) and id(c) not in keys]
     return tuple(
         _Site(c.lineno, c.col_offset, c.end_col_offset, c.value, avoid)
-        for c in ast.walk(value)
-        if isinstance(c, ast.Constant)
-        and type(c.value) in _SWAPPABLE
-        and c.lineno == c.end_lineno
-        and id(c) not in keys
+        for c in consts
+        if type(c.value) in _SWAPPABLE and c.lineno == c.end_lineno
+    ) + tuple(
+        site
+        for c in consts
+        if type(c.value) is str and c.lineno != c.end_lineno and lines is not None and not avoid
+        for site in _inner_sites(c, lines)
     )
+
+
+_INNER_MAX = 16  # sites kept per string: spread over it, each checked by evaluating the edited literal
+
+
+def _inner_sites(c: ast.Constant, lines: list[str]) -> tuple[_Site, ...]:
+    """Letters and digits written inside the string constant `c` (over several lines) where putting another
+    letter or digit of the same kind changes the string's value in that one character and nothing else: none
+    after a backslash on its line (an escape such as `\\x1b` or `\\N{...}` may reach it, and only some letters
+    keep it one), and the literal evaluated with three others put there (a prefix or a comment between implicitly
+    joined parts fails that). At most _INNER_MAX, spread over the string."""
+    raw = [ln.encode("utf-8") for ln in lines[c.lineno - 1 : c.end_lineno]]
+    if len(raw) < 2:
+        return ()
+    where = []
+    for i, line in enumerate(raw):
+        start, end = c.col_offset if i == 0 else 0, c.end_col_offset if i == len(raw) - 1 else len(line)
+        slash = line.find(b"\\", start, end)  # no escape may reach a character after it (`\\x1b`, `\\N{..}`)
+        for j in range(start, end if slash < 0 else slash):
+            if line[j : j + 1].isalnum() and line[j : j + 1].isascii():
+                where.append((i, j))
+    step = max(1, len(where) // _INNER_MAX)
+    found = []
+    for i, j in where[::step][:_INNER_MAX]:
+        old = raw[i][j : j + 1].decode()
+        if all(_one_char_apart(c, raw, i, j, new) for new in _inner_options(old)[:3]):
+            found.append(_Site(c.lineno + i, j, j + 1, old, raw=True))
+    return tuple(found)
+
+
+def _one_char_apart(c: ast.Constant, raw: list[bytes], i: int, j: int, new: str) -> bool:
+    """Whether the literal of `c` (its source lines `raw`) with the byte at line i, column j replaced by `new`
+    still evaluates to a string that differs from c's value in that one character only."""
+    edited = [*raw]
+    edited[i] = edited[i][:j] + new.encode() + edited[i][j + 1 :]
+    edited[-1] = edited[-1][: c.end_col_offset]
+    edited[0] = edited[0][c.col_offset :]
+    try:  # in parentheses: parts joined implicitly across lines need them
+        value = ast.literal_eval("(" + b"".join(edited).decode("utf-8") + "\n)")
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError):
+        return False
+    return (
+        isinstance(value, str)
+        and len(value) == len(c.value)
+        and sum(a != b for a, b in zip(value, c.value)) == 1
+    )
+
+
+def _inner_options(char: str) -> str:
+    """The characters that may replace a letter or digit inside a string: others of its kind."""
+    kind = (
+        string.digits
+        if char.isdigit()
+        else string.ascii_uppercase
+        if char.isupper()
+        else string.ascii_lowercase
+    )
+    return "".join(ch for ch in kind if ch != char)
 
 
 def _is_literal(node: ast.expr) -> bool:

@@ -108,6 +108,13 @@ def test_datetime():
     assert datetime.fromtimestamp(double(30), timezone.utc) == datetime(1970, 1, 1, 0, 1, tzinfo=timezone.utc)
 
 
+def test_table():
+    expected = '''\\
+n  2n
+1  2'''
+    assert "\\n".join(["n  2n", f"1  {double(1)}"]) == expected
+
+
 def test_try_import():
     try:
         import json
@@ -167,6 +174,7 @@ BREAKABLE = [
     "test_date",
     "test_datetime",
     "test_try_import",
+    "test_table",
     "test_is",
     "test_last_one_counts",
     "TestCaseStyle.test_equal",
@@ -260,6 +268,9 @@ def test_what_can_be_broken_and_what_cannot():
     assert sites["test_given_anew"] == ["4"] and sites["test_joined_into_itself"] == ["2", "4"]
     assert sites["test_date"] == [1, 1, 2] and sites["test_datetime"] == [1970, 1, 1, 0, 1]
     assert sites["test_try_import"] == ["2"]  # a `try` whose handlers let an AssertionError through
+    # a string written over several lines: each letter and digit inside it, swapped as written
+    assert sites["test_table"] == ["n", "2", "n", "1", "2"]
+    assert all(s.raw for s in defs[(None, "test_table")].sites)
     bounds = [s.bounds for s in defs[(None, "test_datetime")].sites]
     assert bounds == [(1, 9999), (1, 12), (1, 28), (0, 23), (0, 59)]
 
@@ -609,6 +620,34 @@ RENAMED = [
     f"{FILE}::TestBase::test_shared",
     f"{FILE}::TestDerived::test_shared",
 ]
+
+
+def test_inside_a_string_over_several_lines_only_what_changes_one_character_is_a_site():
+    src = (
+        "def test_a():\n    assert f() == '''ab\n\\x1b cd\\N{BULLET} ef'''\n"  # nothing after a backslash
+        "def test_b():\n    assert f() == ('xy'  # note\n        r'zw')\n"  # not the prefix, not the comment
+        "def test_c():\n    assert f() == '''ab\n\n''' + x\n"  # not a literal
+    )
+    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
+    sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+    assert sites == {"test_a": ["a", "b"], "test_b": ["x", "y", "z", "w"], "test_c": []}, sites
+    many = "def test_a():\n    assert f() == '''" + "ab\n" * 100 + "'''\n"
+    d = canaries._test_defs(ast.parse(many), many.splitlines(True))[(None, "test_a")]
+    assert len(d.sites) == canaries._INNER_MAX and len({s.line for s in d.sites}) > 5  # spread over it
+    for seed in range(20):  # every copy still parses, its string one character off
+        c = plant(
+            "t.py", src, ["t.py::test_a", "t.py::test_b"], random.Random(seed), fail_to_pass=["t.py::test_a"]
+        )
+        tree = ast.parse(c.text)
+        values = [
+            n.test.comparators[0].value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assert) and isinstance(n.test.comparators[0], ast.Constant)
+        ]
+        real = "ab\n\x1b cd\N{BULLET} ef"
+        off = [v for v in values if v != real and v.endswith(" ef")]
+        assert real in values and len(off) >= MUST_FAIL, values  # the twins and the decoy
+        assert all(len(v) == len(real) and sum(a != b for a, b in zip(v, real)) == 1 for v in off), off
 
 
 def test_date_fields_are_sites_only_where_the_module_binds_the_class_once_and_the_instant_is_fixed():
