@@ -115,6 +115,11 @@ n  2n
     assert "\\n".join(["n  2n", f"1  {double(1)}"]) == expected
 
 
+@pytest.mark.skipif(double(1) != 2, reason="never")
+def test_skipif():
+    assert double(3) == 6
+
+
 def test_try_import():
     try:
         import json
@@ -175,6 +180,7 @@ BREAKABLE = [
     "test_datetime",
     "test_try_import",
     "test_table",
+    "test_skipif",
     "test_is",
     "test_last_one_counts",
     "TestCaseStyle.test_equal",
@@ -553,6 +559,7 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "def test_m():\n    expected = 1\n    got = 2\n    assert got == expected\n"
         "def test_n():\n    assert f() == 1\n    assert f() != 2\n"
         "@pytest.mark.skipif(x, reason='y')\ndef test_o():\n    assert f() == 1\n"
+        "@pytest.mark.skip(reason='y')\ndef test_o2():\n    assert f() == 1\n"
         "def test_p():\n    yield\n    assert f() == 1\n"
         "def test_q():\n    assert f() == 'a' 'b'\n"
         "def test_r():\n    expected = 1\n    check(expected)\n    assert f() == expected\n"
@@ -587,7 +594,8 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "test_l": [1],
         "test_m": [],
         "test_n": [1],
-        "test_o": [],
+        "test_o": [1],  # skipif skips a copy where it skips the real test, which passes with the fix
+        "test_o2": [],
         "test_p": [],
         "test_q": ["ab"],
         "test_r": [],  # read by a call
