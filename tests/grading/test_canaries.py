@@ -542,6 +542,12 @@ def test_names_replace_a_word_and_twins_land_on_both_sides():
     assert sides == {"before", "after"}
 
 
+def _sites_of(src: str) -> tuple[dict, dict[str, list]]:
+    """(the test definitions of `src`, name -> the values at its sites)."""
+    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
+    return defs, {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+
+
 def test_join_and_singleton_sites_refuse_what_could_still_hold():
     src = (
         "def test_a():\n    expected = 'x'.join(['1', '2'])\n    assert f() == expected\n"
@@ -577,8 +583,7 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "def test_zd():\n    try:\n        assert f() == 1\n    except MyError:\n        pass\n"
         "def test_ze():\n    try:\n        assert f() == 1\n    except (KeyError, OSError):\n        pass\n"
     )
-    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
-    sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+    defs, sites = _sites_of(src)
     assert sites == {
         "test_a": [],
         "test_b": [],
@@ -636,8 +641,7 @@ def test_inside_a_string_over_several_lines_only_what_changes_one_character_is_a
         "def test_b():\n    assert f() == ('xy'  # note\n        r'zw')\n"  # not the prefix, not the comment
         "def test_c():\n    assert f() == '''ab\n\n''' + x\n"  # not a literal
     )
-    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
-    sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+    defs, sites = _sites_of(src)
     assert sites == {"test_a": ["a", "b"], "test_b": ["x", "y", "z", "w"], "test_c": []}, sites
     many = "def test_a():\n    assert f() == '''" + "ab\n" * 100 + "'''\n"
     d = canaries._test_defs(ast.parse(many), many.splitlines(True))[(None, "test_a")]
@@ -673,8 +677,7 @@ def test_date_fields_are_sites_only_where_the_module_binds_the_class_once_and_th
         "def test_j():\n    assert f() == clock(1, 2, 3, 4, zone)\n"
         "def test_k(clock):\n    assert f() == clock(1, 2)\n"
     )
-    defs = canaries._test_defs(ast.parse(src), src.splitlines(True))
-    sites = {name: [s.value for s in d.sites] for (_, name), d in defs.items()}
+    defs, sites = _sites_of(src)
     assert sites == {
         "test_a": [2020, 1, 31],
         "test_b": [1, 2],
