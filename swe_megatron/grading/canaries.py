@@ -862,16 +862,38 @@ def _self_join(stmt: ast.stmt) -> str | None:
 
 
 def _in_order(body: list[ast.stmt]) -> list[ast.stmt]:
-    """`body`'s statements as they run when none raises, a `try` entered where no handler of it can catch an
-    AssertionError (only `finally`, or `except ImportError:` and other built-in exceptions that are not
-    AssertionError's bases: tabulate's `try: ... except ImportError: skip(...)`): its body's statements run at
-    the top as much as the function's own (the test passes with the fix, so none before the assertion raised),
-    and an assertion failing there still fails the test (the `finally` runs, then the error goes on)."""
+    """`body`'s statements as they run when none raises, a `try` entered where its body certainly ran to its end
+    in a test that passed and an assertion failing there still fails the test: only a `finally` (it runs, then
+    the error goes on), or handlers that each end the test without a pass (_ends_the_test: tabulate's `try: ...
+    except ImportError: skip(...)`) and cannot catch an AssertionError (_misses_assertions). A handler that lets
+    the test go on (toolz's `except ImportError: pass` after `import cytoolz`) may have run instead of the rest
+    of the body."""
     out = []
     for stmt in body:
-        entered = isinstance(stmt, ast.Try) and all(_misses_assertions(h.type) for h in stmt.handlers)
+        entered = isinstance(stmt, ast.Try) and all(
+            _misses_assertions(h.type) and _ends_the_test(h.body) for h in stmt.handlers
+        )
         out += _in_order(stmt.body) if entered else [stmt]
     return out
+
+
+def _ends_the_test(body: list[ast.stmt]) -> bool:
+    """Whether a handler's `body` ends with what stops a test without a pass: a `raise`, or a call of pytest's
+    `skip`, `fail` or `xfail` (`pytest.skip(...)`, or a bare `skip(...)`: tabulate imports its own from pytest
+    through a helper module)."""
+    last = body[-1] if body else None
+    if isinstance(last, ast.Raise):
+        return True
+    call = last.value if isinstance(last, ast.Expr) else None
+    if not isinstance(call, ast.Call):
+        return False
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return isinstance(func.value, ast.Name) and func.value.id == "pytest" and func.attr in _ENDERS
+    return isinstance(func, ast.Name) and func.id in _ENDERS
+
+
+_ENDERS = ("skip", "fail", "xfail")
 
 
 def _misses_assertions(caught: ast.expr | None) -> bool:

@@ -576,12 +576,15 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "def test_w():\n    expected = [1]\n    expected = ','.join(expected, x)\n    assert f() == expected\n"
         "def test_x():\n    expected = g()\n    expected = ','.join(expected)\n    assert f() == expected\n"
         "def test_y():\n    assert f() == date(2020, 1, 1)\n"
-        "def test_z():\n    try:\n        assert f() == 1\n    except ImportError:\n        pass\n"
-        "def test_za():\n    try:\n        assert f() == 1\n    except Exception:\n        pass\n"
-        "def test_zb():\n    try:\n        assert f() == 1\n    except (ImportError, AssertionError):\n        pass\n"
-        "def test_zc():\n    try:\n        assert f() == 1\n    except:\n        pass\n"
-        "def test_zd():\n    try:\n        assert f() == 1\n    except MyError:\n        pass\n"
-        "def test_ze():\n    try:\n        assert f() == 1\n    except (KeyError, OSError):\n        pass\n"
+        "def test_z():\n    try:\n        assert f() == 1\n    except ImportError:\n        pytest.skip('x')\n"
+        "def test_za():\n    try:\n        assert f() == 1\n    except Exception:\n        skip('x')\n"
+        "def test_zb():\n    try:\n        assert f() == 1\n    except (ImportError, AssertionError):\n        raise\n"
+        "def test_zc():\n    try:\n        assert f() == 1\n    except:\n        skip('x')\n"
+        "def test_zd():\n    try:\n        assert f() == 1\n    except MyError:\n        skip('x')\n"
+        "def test_ze():\n    try:\n        assert f() == 1\n    except (KeyError, OSError):\n        raise ValueError()\n"
+        # toolz-0000's test_tlz: the import fails where cytoolz is absent and the assertions after it never run
+        "def test_zf():\n    try:\n        import cytoolz\n        assert f() == 1\n    except ImportError:\n        pass\n"
+        "def test_zg():\n    try:\n        assert f() == 1\n    except ImportError:\n        skip('x')\n        g()\n"
     )
     defs, sites = _sites_of(src)
     assert sites == {
@@ -617,6 +620,8 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "test_zc": [],
         "test_zd": [],  # not a built-in: may derive from AssertionError
         "test_ze": [1],
+        "test_zf": [],  # the handler lets the test go on and pass: the body may have stopped before the assertion
+        "test_zg": [],
     }, sites
     assert [s.singleton for s in defs[(None, "test_f")].sites] == [True]
     assert not defs[(None, "test_o")].plain and defs[(None, "test_n")].plain
