@@ -44,6 +44,7 @@ import io
 import re
 import secrets
 import string
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,7 +218,7 @@ def plant(
         lines[-1] += eol
     pristine = list(lines)
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except (SyntaxError, ValueError):
         tree = None
     defs = _test_defs(tree, lines) if tree is not None else {}
@@ -500,7 +501,7 @@ def breakable(file: str, source: str, fail_to_pass: list[str]) -> int:
     """How many of the FAIL_TO_PASS tests `fail_to_pass` `source` defines in a form plant() can break (twins
     planted in the file then copy the real failing tests themselves)."""
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except (SyntaxError, ValueError):
         return 0
     defs = _test_defs(tree, io.StringIO(source, newline="").readlines())
@@ -1204,7 +1205,7 @@ def _one_char_apart(c: ast.Constant, raw: list[bytes], i: int, j: int, new: str)
     edited[-1] = edited[-1][: c.end_col_offset]
     edited[0] = edited[0][c.col_offset :]
     try:  # in parentheses: parts joined implicitly across lines need them
-        value = ast.literal_eval("(" + b"".join(edited).decode("utf-8") + "\n)")
+        value = ast.literal_eval(_parse("(" + b"".join(edited).decode("utf-8") + "\n)", "eval"))
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError):
         return False
     return (
@@ -1224,6 +1225,17 @@ def _inner_options(char: str) -> str:
         else string.ascii_lowercase
     )
     return "".join(ch for ch in kind if ch != char)
+
+
+_PARSING = threading.Lock()
+
+
+def _parse(source: str, mode: str = "exec") -> ast.AST:
+    """ast.parse under one lock: CPython 3.11 keeps one AST-construction depth counter per interpreter, and two
+    threads building trees at once (the grader plants in a thread per grading; a collection running a finaliser
+    inside one can switch threads) can raise `SystemError: AST constructor recursion depth mismatch`."""
+    with _PARSING:
+        return ast.parse(source, mode=mode)
 
 
 def _is_literal(node: ast.expr) -> bool:

@@ -587,42 +587,45 @@ def test_join_and_singleton_sites_refuse_what_could_still_hold():
         "def test_zg():\n    try:\n        assert f() == 1\n    except ImportError:\n        skip('x')\n        g()\n"
     )
     defs, sites = _sites_of(src)
-    assert sites == {
-        "test_a": [],
-        "test_b": [],
-        "test_c": [],
-        "test_d": [],
-        "test_e": [],
-        "test_f": [True],
-        "test_g": [],
-        "test_h": [],
-        "test_i": [],
-        "test_j": [],
-        "test_k": [],
-        "test_l": [1],
-        "test_m": [],
-        "test_n": [1],
-        "test_o": [1],  # skipif skips a copy where it skips the real test, which passes with the fix
-        "test_o2": [],
-        "test_p": [],
-        "test_q": ["ab"],
-        "test_r": [],  # read by a call
-        "test_s": [],  # changed by what a print reads
-        "test_t": [],  # given in a branch
-        "test_u": [],
-        "test_v": [2],
-        "test_w": [],
-        "test_x": [],  # joined from what was not a literal
-        "test_y": [],  # `date` not datetime's here
-        "test_z": [1],
-        "test_za": [],  # the handler catches AssertionError
-        "test_zb": [],
-        "test_zc": [],
-        "test_zd": [],  # not a built-in: may derive from AssertionError
-        "test_ze": [1],
-        "test_zf": [],  # the handler lets the test go on and pass: the body may have stopped before the assertion
-        "test_zg": [],
-    }, sites
+    assert (
+        sites
+        == {
+            "test_a": [],
+            "test_b": [],
+            "test_c": [],
+            "test_d": [],
+            "test_e": [],
+            "test_f": [True],
+            "test_g": [],
+            "test_h": [],
+            "test_i": [],
+            "test_j": [],
+            "test_k": [],
+            "test_l": [1],
+            "test_m": [],
+            "test_n": [1],
+            "test_o": [1],  # skipif skips a copy where it skips the real test, which passes with the fix
+            "test_o2": [],
+            "test_p": [],
+            "test_q": ["ab"],
+            "test_r": [],  # read by a call
+            "test_s": [],  # changed by what a print reads
+            "test_t": [],  # given in a branch
+            "test_u": [],
+            "test_v": [2],
+            "test_w": [],
+            "test_x": [],  # joined from what was not a literal
+            "test_y": [],  # `date` not datetime's here
+            "test_z": [1],
+            "test_za": [],  # the handler catches AssertionError
+            "test_zb": [],
+            "test_zc": [],
+            "test_zd": [],  # not a built-in: may derive from AssertionError
+            "test_ze": [1],
+            "test_zf": [],  # the handler lets the test go on and pass: the body may have stopped before the assertion
+            "test_zg": [],
+        }
+    ), sites
     assert [s.singleton for s in defs[(None, "test_f")].sites] == [True]
     assert not defs[(None, "test_o")].plain and defs[(None, "test_n")].plain
     joined = "def test_a():\n    expected = '\\n'.join(['1', '2'])\n    assert f() == expected\n"
@@ -801,3 +804,42 @@ def test_the_files_constants_are_small_ints_and_short_printable_strings_at_most_
         ["merge", "with", "x", "y", "z"]
     )
     assert set(canaries._words({(None, "test_merge"): 0})) == {"merge", *canaries._FALLBACK_WORDS}
+
+
+def test_plantings_in_several_threads_never_build_two_syntax_trees_at_once(monkeypatch):
+    """CPython 3.11 keeps one AST-construction depth counter per interpreter: two threads building syntax trees
+    at once (a thread switch inside one, on a collection running a finaliser) can raise `SystemError: AST
+    constructor recursion depth mismatch`. The grader plants canaries in a thread per grading; a learning run
+    at stop 51 had one planting fail so (a right fix scored 0 and flagged). Every parse in canaries.py goes
+    through one lock: parses made to yield the GIL inside never overlap."""
+    import threading
+    import time
+
+    parse, inside, most = canaries.ast.parse, [0], [0]
+
+    def slow_parse(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.001)  # a thread switch where the real one may switch
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(canaries.ast, "parse", slow_parse)
+    src = "\n".join(
+        f"def test_{i}():\n    expected = '''a\nb{i}'''\n    assert f() == expected\n" for i in range(20)
+    )
+    ids = [f"t.py::test_{i}" for i in range(20)]
+
+    def work(seed):
+        for k in range(3):
+            plant("t.py", src, ids, random.Random(seed * 10 + k), fail_to_pass=ids[:3])
+            canaries.breakable("t.py", src, ids[:3])
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1, f"{most[0]} parses at once"
