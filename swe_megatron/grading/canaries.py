@@ -217,11 +217,7 @@ def plant(
     if lines and not lines[-1].endswith(("\r\n", "\r", "\n")):
         lines[-1] += eol
     pristine = list(lines)
-    try:
-        tree = _parse(source)
-    except (SyntaxError, ValueError):
-        tree = None
-    defs = _test_defs(tree, lines) if tree is not None else {}
+    tree, defs = _parsed(source)
     listed = [defs[key] for key in dict.fromkeys(_def_key(t, file) for t in test_ids) if key in defs]
     f2p_keys = {_def_key(t, file) for t in fail_to_pass}
     f2p_cases: dict[tuple[str | None, str], set[str]] = {}  # (class, name) -> its FAIL_TO_PASS case ids
@@ -500,11 +496,7 @@ def plant(
 def breakable(file: str, source: str, fail_to_pass: list[str]) -> int:
     """How many of the FAIL_TO_PASS tests `fail_to_pass` `source` defines in a form plant() can break (twins
     planted in the file then copy the real failing tests themselves)."""
-    try:
-        tree = _parse(source)
-    except (SyntaxError, ValueError):
-        return 0
-    defs = _test_defs(tree, io.StringIO(source, newline="").readlines())
+    _, defs = _parsed(source)
     return sum(1 for key in {_def_key(t, file) for t in fail_to_pass} if (d := defs.get(key)) and d.breakable)
 
 
@@ -624,6 +616,18 @@ def _def_key(test_id: str, file: str) -> tuple[str | None, str] | None:
     if parts[0] != file or len(parts) not in (2, 3):
         return None
     return (parts[1] if len(parts) == 3 else None, parts[-1])
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(source: str) -> tuple[ast.Module | None, dict[tuple[str | None, str], _Def]]:
+    """A test file's syntax tree and its test definitions (_test_defs), or (None, {}) where it does not parse;
+    kept for the last few files, read only: the grader counts a file's breakable tests (breakable()) and then
+    plants in it (plant()), and every grading of a task reads the same files."""
+    try:
+        tree = _parse(source)
+    except (SyntaxError, ValueError):
+        return None, {}
+    return tree, _test_defs(tree, io.StringIO(source, newline="").readlines())
 
 
 def _test_defs(tree: ast.Module, lines: list[str]) -> dict[tuple[str | None, str], _Def]:
@@ -764,17 +768,15 @@ def _date_fields(value: ast.expr, made: dict[str, str]) -> tuple[_Site, ...]:
     """The int literals of `value` where it builds a date, time or datetime (`made`) from fields given in order,
     each bounded to its field's range (any value there builds; another value builds another date or time, and
     another instant where a time zone is given: only a fixed offset, `timezone(...)` or a name ending in utc)."""
-    if not isinstance(value, ast.Call) or value.keywords and len(value.keywords) > 1:
+    if not isinstance(value, ast.Call) or len(value.keywords) > 1:
         return ()
     kind = made.get(ast.unparse(value.func))
     if kind not in _FIELDS or any(isinstance(a, ast.Starred) for a in value.args):
         return ()
     fields = _FIELDS[kind]
-    zones = value.args[len(fields) :] + [k.value for k in value.keywords if k.arg == "tzinfo"]
-    if len(value.args) > len(fields) + 1 or len(zones) != len(value.args[len(fields) :]) + len(
-        value.keywords
-    ):
-        return ()
+    if len(value.args) > len(fields) + 1 or any(k.arg != "tzinfo" for k in value.keywords):
+        return ()  # at most the time zone after the fields, given or named; no `fold`
+    zones = value.args[len(fields) :] + [k.value for k in value.keywords]
     for zone in zones:
         text = ast.unparse(zone)
         fixed = isinstance(zone, ast.Call) and made.get(ast.unparse(zone.func)) == "timezone"
