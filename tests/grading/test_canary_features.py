@@ -193,6 +193,12 @@ def _auc_counts(scores, labels) -> tuple[float, int]:
     return float(below.sum() + 0.5 * (upto - below).sum()), len(pos) * len(neg)
 
 
+def _kind_items(tests: np.ndarray, kinds: list[str], y: np.ndarray, kind: str) -> np.ndarray | None:
+    """The rows of one kind of canary and of the real failing tests, one per test; None where either is missing."""
+    some = np.array([i for i in tests if kinds[i] in (kind, "real")], dtype=int)
+    return some if len(some) and y[some].sum() and (1 - y[some]).sum() else None
+
+
 def _stump(train: list[tuple[np.ndarray, np.ndarray]]) -> tuple[int, float]:
     """The single feature (and sign) with the best AUC over the training tasks (pairs within each task)."""
     best = (0, 1.0, -1.0)
@@ -240,12 +246,8 @@ def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
         wins, n = map(sum, zip(*(_auc_counts(x[tests, j], y[tests]) for x, y, _, _, tests in data)))
         alone = {}
         for kind in ("twin", "stand-in"):  # one kind's canaries against every real failing test
-            some = [
-                (x, y, [i for i in tests if kinds[i] in (kind, "real")]) for x, y, kinds, _, tests in data
-            ]
-            counted = [
-                _auc_counts(x[s, j], y[s]) for x, y, s in some if s and y[s].sum() and (1 - y[s]).sum()
-            ]
+            some = [(x, y, _kind_items(tests, kinds, y, kind)) for x, y, kinds, _, tests in data]
+            counted = [_auc_counts(x[s, j], y[s]) for x, y, s in some if s is not None]
             w, m = map(sum, zip(*counted)) if counted else (0.0, 0)
             alone[kind] = w / max(1, m)
         report.append(
@@ -275,8 +277,8 @@ def test_no_feature_of_the_collected_tests_picks_out_the_canaries(
             w, p = _auc_counts(scores[tests], y[tests])
             vs_all = [vs_all[0] + w, vs_all[1] + p]
             for kind, tally in by_kind.items():  # the canaries of one kind against every real failing test
-                some = np.array([i for i in tests if kinds[i] in (kind, "real")], dtype=int)
-                if len(some) and y[some].sum() and (1 - y[some]).sum():
+                some = _kind_items(tests, kinds, y, kind)
+                if some is not None:
                     w, p = _auc_counts(scores[some], y[some])
                     tally[0], tally[1] = tally[0] + w, tally[1] + p
                     tally[2].append((int(y[some].sum()), int((1 - y[some]).sum())))
